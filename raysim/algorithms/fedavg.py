@@ -1,0 +1,109 @@
+"""FedAvg (McMahan et al., AISTATS 2017) and FedProx (Li et al., MLSys 2020).
+
+Round t: every sampled client starts from the global weights x_t, runs E epochs of minibatch
+SGD on its own data and returns delta_i = x_i - x_t. The aggregator combines the deltas (FedAvg:
+weighted by sample count, `aggregator: weighted_mean`; or uniform, `aggregator: mean`), and the
+server optimizer applies the result: x_{t+1} = x_t + lr_s * Delta (FedAvg: SGD with lr_s = 1;
+FedAvgM / FedAdagrad / FedAdam via `server.optimizer`, Reddi et al. 2021).
+FedProx adds the proximal term (mu / 2) ||x - x_t||^2 to every client's local loss.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim import registry
+from raysim.core.algorithm import RunContext
+from raysim.core.payload import encoded_nbytes
+from raysim.core.state import ClientUpdate, ServerState
+from raysim.metrics import evaluate_classifier
+from raysim.models.vector import build_model, cached_model, get_vector, set_vector
+
+
+def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator,
+              ctx: RunContext, proximal_mu: float = 0.0) -> float:
+    """E epochs of minibatch SGD on one client's data; returns the mean training loss.
+
+    Batches are shuffled with the client's own generator, so the result depends only on
+    (seed, round, client id), never on which worker ran the client.
+    """
+    clients = ctx.config.clients
+    optimizer = torch.optim.SGD(model.parameters(), lr=clients.lr, momentum=clients.momentum,
+                                weight_decay=clients.weight_decay)
+    anchors = [p.detach().clone() for p in model.parameters()] if proximal_mu else None
+    loss_sum, steps = 0.0, 0
+    for _ in range(clients.local_epochs):
+        order = torch.randperm(len(y), generator=generator)
+        for start in range(0, len(y), clients.batch_size):
+            batch = order[start:start + clients.batch_size]
+            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
+            if anchors is not None:
+                proximal = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchors,
+                                                                     strict=True))
+                loss = loss + 0.5 * proximal_mu * proximal
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += float(loss.detach())
+            steps += 1
+    return loss_sum / max(1, steps)
+
+
+class _DeltaAveraging:
+    """Shared by FedAvg and FedProx: dense float32 weights down, dense deltas up."""
+
+    def __init__(self, proximal_mu: float) -> None:
+        if proximal_mu < 0:
+            from raysim.errors import ConfigError
+
+            raise ConfigError(f"'algorithm.mu' must be >= 0, got {proximal_mu}")
+        self.proximal_mu = float(proximal_mu)
+
+    def _server_optimizer(self, ctx: RunContext):
+        server = ctx.config.server
+        return registry.server_optimizers.build(server.optimizer, server)
+
+    def init_server(self, ctx: RunContext) -> ServerState:
+        params = get_vector(build_model(ctx))
+        slots = self._server_optimizer(ctx).init(params)
+        return ServerState(0, {"params": params, **{f"optimizer.{k}": v for k, v in slots.items()}})
+
+    def server_payload(self, state: ServerState) -> np.ndarray:
+        return state.arrays["params"]
+
+    def client_update(self, payload: np.ndarray, x: torch.Tensor, y: torch.Tensor, client_id: int,
+                      generator: torch.Generator, ctx: RunContext) -> ClientUpdate:
+        model = cached_model(ctx)
+        set_vector(model, payload)
+        loss = float("nan")
+        if len(y):
+            loss = local_sgd(model, x, y, generator, ctx, self.proximal_mu)
+        delta = get_vector(model) - payload
+        return ClientUpdate(client_id=client_id, num_samples=len(y), vector=delta,
+                            bytes_up=encoded_nbytes(delta), metrics={"loss": loss})
+
+    def server_update(self, state: ServerState, aggregate: np.ndarray, ctx: RunContext) -> ServerState:
+        optimizer = self._server_optimizer(ctx)
+        slots = {k.removeprefix("optimizer."): v for k, v in state.arrays.items()
+                 if k.startswith("optimizer.")}
+        params, slots = optimizer.step(state.arrays["params"], aggregate, slots)
+        return ServerState(state.round + 1,
+                           {"params": params, **{f"optimizer.{k}": v for k, v in slots.items()}})
+
+    def evaluate(self, state: ServerState, x: np.ndarray, y: np.ndarray,
+                 ctx: RunContext) -> dict[str, float]:
+        model = cached_model(ctx)
+        set_vector(model, state.arrays["params"])
+        return evaluate_classifier(model, x, y)
+
+
+class FedAvg(_DeltaAveraging):
+    def __init__(self) -> None:
+        super().__init__(proximal_mu=0.0)
+
+
+class FedProx(_DeltaAveraging):
+    def __init__(self, *, mu: float = 0.01) -> None:
+        super().__init__(proximal_mu=mu)

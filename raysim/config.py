@@ -1,0 +1,305 @@
+"""Experiment configuration: YAML -> small frozen dataclasses, validated, with overrides.
+
+A config file has one section per concern (run, data, partition, clients, model, algorithm,
+aggregator, server, runtime). Sections that choose a plug-in (data, model, algorithm, aggregator)
+take a `name` plus that plug-in's options, checked against the plug-in's keyword-only
+parameters. `--set a.b=value` overrides are parsed as YAML scalars, so `--set clients.lr=0.1`
+gives a float and `--set runtime.backend=local` a string. Every mistake is reported as one
+ConfigError naming the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim import registry
+from raysim.errors import ConfigError, closest
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    name: str = "run"
+    seed: int = 0
+    rounds: int = 30
+    eval_every: int = 1  # evaluate the global model every N rounds (and always after the last)
+    checkpoint_every: int = 10  # write a checkpoint every N rounds (0: only after the last)
+    keep_checkpoints: int = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    name: str = "digits"
+    root: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionConfig:
+    name: str = "iid"
+    num_clients: int = 100
+    alpha: float = 0.5  # Dirichlet concentration (partition 'dirichlet')
+    shards_per_client: int = 2  # partition 'shards'
+    cache_dir: str | None = None  # cache the split as parquet here (and reuse it)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientsConfig:
+    per_round: int = 10
+    local_epochs: int = 1
+    batch_size: int = 16
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    per_task: int | str = "auto"  # clients trained one after another inside one Ray task
+    num_cpus: float = 1.0  # per client task; torch threads inside the task = max(1, int(num_cpus))
+    num_gpus: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PluginConfig:
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """Server optimizer applied to the aggregated client delta (FedOpt, Reddi et al. 2021).
+
+    optimizer 'sgd' with lr 1 and momentum 0 is plain FedAvg.
+    """
+
+    optimizer: str = "sgd"
+    lr: float = 1.0
+    momentum: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-3
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    backend: str = "ray"  # 'ray' or 'local'
+    num_cpus: int | None = None  # CPUs for a local Ray start (None: all)
+    address: str | None = None  # 'auto' or 'ray://...' joins an existing cluster
+    dashboard_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    clients: ClientsConfig = field(default_factory=ClientsConfig)
+    model: PluginConfig = field(default_factory=lambda: PluginConfig(name="mlp"))
+    algorithm: PluginConfig = field(default_factory=lambda: PluginConfig(name="fedavg"))
+    aggregator: PluginConfig = field(default_factory=lambda: PluginConfig(name="weighted_mean"))
+    server: ServerConfig = field(default_factory=ServerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict with plug-in options flattened back into their sections."""
+        out: dict[str, Any] = {}
+        for section in dataclasses.fields(self):
+            value = getattr(self, section.name)
+            items = {}
+            for f in dataclasses.fields(value):
+                if f.name == "options":
+                    items.update({k: _plain(v) for k, v in value.options.items()})
+                else:
+                    items[f.name] = _plain(getattr(value, f.name))
+            out[section.name] = items
+        return out
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def replace(self, **overrides: Any) -> Config:
+        """A new config with `section.key=value` overrides (same rules as --set)."""
+        return from_dict(self.to_dict(), [f"{k}={yaml.safe_dump(v).strip()}" for k, v in
+                                          _flat_items(overrides)])
+
+
+def _flat_items(overrides: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    return [(key.replace("__", "."), value) for key, value in overrides.items()]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+# Sections whose extra keys are options of the chosen plug-in: section -> (registry, default name)
+_PLUGIN_SECTIONS: dict[str, tuple[registry.Registry, str]] = {
+    "data": (registry.datasets, "digits"),
+    "model": (registry.models, "mlp"),
+    "algorithm": (registry.algorithms, "fedavg"),
+    "aggregator": (registry.aggregators, "weighted_mean"),
+}
+_SECTION_TYPES = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
+    """Read a YAML config file and apply `a.b=value` overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{path}:{where}: invalid YAML: {reason}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return from_dict(raw, overrides, source=str(path))
+
+
+def from_dict(raw: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "config") -> Config:
+    raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    for override in overrides:
+        _apply_override(raw, override)
+    sections: dict[str, Any] = {}
+    for section_name, values in raw.items():
+        if section_name not in _SECTION_TYPES:
+            raise ConfigError(
+                f"{source}: unknown section '{section_name}'"
+                f"{closest(section_name, list(_SECTION_TYPES))}; "
+                f"valid sections: {', '.join(_SECTION_TYPES)}"
+            )
+        if values is None:
+            values = {}
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{source}: section '{section_name}' must be a mapping of keys")
+        sections[section_name] = _build_section(section_name, values, source)
+    config = Config(**sections)
+    _validate(config, source)
+    return config
+
+
+def _apply_override(raw: dict[str, Any], override: str) -> None:
+    key, sep, text = override.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"override '{override}' must look like section.key=value")
+    section, name = parts
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    section_values = raw.setdefault(section, {})
+    if not isinstance(section_values, dict):
+        raise ConfigError(f"override '{override}': section '{section}' is not a mapping")
+    section_values[name] = value
+
+
+def _build_section(section_name: str, values: Mapping[str, Any], source: str) -> Any:
+    section_type = _resolve_type(_SECTION_TYPES[section_name].type)
+    if section_name in _PLUGIN_SECTIONS or section_type is DataConfig:
+        reg, default_name = _PLUGIN_SECTIONS[section_name]
+        values = dict(values)
+        name = values.pop("name", default_name)
+        if not isinstance(name, str):
+            raise ConfigError(f"{source}: '{section_name}.name' must be a string, got {name!r}")
+        reg.get(name)  # unknown name -> ConfigError listing the choices
+        if section_type is DataConfig:
+            root = values.pop("root", None)
+            if root is not None and not isinstance(root, str):
+                raise ConfigError(f"{source}: 'data.root' must be a path string, got {root!r}")
+            reg.check_options(name, values, section_name)
+            return DataConfig(name=name, root=root, options=values)
+        reg.check_options(name, values, section_name)
+        return PluginConfig(name=name, options=values)
+    fields = {f.name: f for f in dataclasses.fields(section_type)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(
+                f"{source}: unknown key '{section_name}.{key}'{closest(key, list(fields))}; "
+                f"valid keys: {', '.join(fields)}"
+            )
+        kwargs[key] = _coerce(value, fields[key].type, f"{section_name}.{key}", source)
+    return section_type(**kwargs)
+
+
+_TYPE_NAMES = {
+    "int": int, "float": float, "str": str, "bool": bool, "None": type(None),
+    "RunConfig": RunConfig, "DataConfig": DataConfig, "PartitionConfig": PartitionConfig,
+    "ClientsConfig": ClientsConfig, "PluginConfig": PluginConfig, "ServerConfig": ServerConfig,
+    "RuntimeConfig": RuntimeConfig,
+}
+
+
+def _resolve_type(annotation: Any) -> Any:
+    if isinstance(annotation, str):
+        return _TYPE_NAMES[annotation] if annotation in _TYPE_NAMES else annotation
+    return annotation
+
+
+def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
+    """Check `value` against a field annotation such as 'int | None' or 'int | str'."""
+    allowed = [_TYPE_NAMES[t.strip()] for t in str(annotation).split("|")]
+    if value is None and type(None) in allowed:
+        return None
+    if isinstance(value, bool) and bool not in allowed:
+        raise ConfigError(f"{source}: '{key}' expects {annotation}, got {value!r}")
+    if int in allowed and isinstance(value, int):
+        return value
+    if float in allowed and isinstance(value, int | float):
+        return float(value)
+    if str in allowed and isinstance(value, str):
+        return value
+    if bool in allowed and isinstance(value, bool):
+        return value
+    raise ConfigError(f"{source}: '{key}' expects {annotation}, got {value!r}")
+
+
+def _validate(config: Config, source: str) -> None:
+    """Range checks that a type annotation cannot express."""
+
+    def require(condition: bool, key: str, expected: str, value: Any) -> None:
+        if not condition:
+            raise ConfigError(f"{source}: '{key}' must be {expected}, got {value!r}")
+
+    run, part, clients = config.run, config.partition, config.clients
+    require(run.rounds >= 1, "run.rounds", ">= 1", run.rounds)
+    require(run.eval_every >= 1, "run.eval_every", ">= 1", run.eval_every)
+    require(run.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", run.checkpoint_every)
+    require(run.keep_checkpoints >= 1, "run.keep_checkpoints", ">= 1", run.keep_checkpoints)
+    require(run.seed >= 0, "run.seed", ">= 0", run.seed)
+    require(part.num_clients >= 1, "partition.num_clients", ">= 1", part.num_clients)
+    require(part.alpha > 0, "partition.alpha", "> 0", part.alpha)
+    require(part.shards_per_client >= 1, "partition.shards_per_client", ">= 1",
+            part.shards_per_client)
+    registry.partitioners.get(part.name)
+    require(clients.per_round >= 1, "clients.per_round", ">= 1", clients.per_round)
+    require(clients.per_round <= part.num_clients, "clients.per_round",
+            f"<= partition.num_clients ({part.num_clients})", clients.per_round)
+    require(clients.local_epochs >= 1, "clients.local_epochs", ">= 1", clients.local_epochs)
+    require(clients.batch_size >= 1, "clients.batch_size", ">= 1", clients.batch_size)
+    require(clients.lr > 0, "clients.lr", "> 0", clients.lr)
+    require(clients.momentum >= 0, "clients.momentum", ">= 0", clients.momentum)
+    require(clients.weight_decay >= 0, "clients.weight_decay", ">= 0", clients.weight_decay)
+    require(clients.per_task == "auto" or (isinstance(clients.per_task, int)
+                                           and clients.per_task >= 1),
+            "clients.per_task", "'auto' or an integer >= 1", clients.per_task)
+    require(clients.num_cpus > 0, "clients.num_cpus", "> 0", clients.num_cpus)
+    require(clients.num_gpus >= 0, "clients.num_gpus", ">= 0", clients.num_gpus)
+    registry.server_optimizers.get(config.server.optimizer)
+    require(config.server.lr > 0, "server.lr", "> 0", config.server.lr)
+    require(0 <= config.server.momentum < 1, "server.momentum", "in [0, 1)",
+            config.server.momentum)
+    require(config.runtime.backend in ("ray", "local"), "runtime.backend", "'ray' or 'local'",
+            config.runtime.backend)
+    require(config.runtime.num_cpus is None or config.runtime.num_cpus >= 1,
+            "runtime.num_cpus", ">= 1", config.runtime.num_cpus)

@@ -1,0 +1,1 @@
+"""The engine: one round loop, the server, client training, sampling, aggregation, payloads."""

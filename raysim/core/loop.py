@@ -1,0 +1,151 @@
+"""THE round loop. Every algorithm and both backends go through this one function.
+
+    for each round:
+        sample clients (seeded by run seed and round)
+        backend.run_round: send the payload, train clients, aggregate, update the server,
+                           evaluate when due
+        log the round (metrics.jsonl, TensorBoard, progress bar)
+        checkpoint when due
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raysim import registry
+from raysim.config import Config
+from raysim.core.algorithm import RunContext
+from raysim.core.sampling import DATA, PARTITION, purpose_seed, sample_clients
+from raysim.core.state import ServerState
+from raysim.data.datasets import Dataset
+from raysim.data.partition import ClientSplit, make_split
+from raysim.outputs import RunOutputs
+
+
+@dataclass
+class RunResult:
+    state: ServerState
+    summary: dict[str, Any]
+    out_dir: Path
+
+
+def load_dataset(config: Config) -> Dataset:
+    data = config.data
+    return registry.datasets.build(data.name, data.root, purpose_seed(config.run.seed, DATA),
+                                   **data.options)
+
+
+def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
+    """The client split, read from the parquet cache when `partition.cache_dir` has it."""
+    part = config.partition
+    compute = lambda: make_split(  # noqa: E731
+        dataset, part.name, part.num_clients, purpose_seed(config.run.seed, PARTITION),
+        alpha=part.alpha, shards_per_client=part.shards_per_client)
+    if not part.cache_dir:
+        return compute()
+    from raysim.data.store import load_split, save_split, split_cache_key
+
+    key = split_cache_key(data=config.to_dict()["data"], partition=config.to_dict()["partition"],
+                          seed=config.run.seed, num_train=len(dataset.train_y))
+    path = Path(part.cache_dir) / f"split_{key}.parquet"
+    if path.exists():
+        return load_split(path)[0]
+    split = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_split(path, split, {"dataset": dataset.name, "partition": part.name})
+    return split
+
+
+def make_backend(config: Config, ctx: RunContext, dataset: Dataset, split: ClientSplit,
+                 address: str | None = None):
+    if config.runtime.backend == "local" and not address:
+        from raysim.runtime.local import LocalBackend
+
+        return LocalBackend(ctx, dataset, split)
+    from raysim.runtime.ray_backend import RayBackend
+
+    return RayBackend(ctx, dataset, split, address=address)
+
+
+def run(config: Config, out_dir: str | Path, *, address: str | None = None,
+        progress: bool = True, tensorboard: bool = True) -> RunResult:
+    """Run a whole simulation and write its outputs to `out_dir`."""
+    outputs = RunOutputs(out_dir, config, tensorboard=tensorboard)
+    dataset = load_dataset(config)
+    split = split_clients(config, dataset)
+    ctx = RunContext(config=config, input_shape=tuple(dataset.train_x.shape[1:]),
+                     num_classes=dataset.num_classes)
+    backend = make_backend(config, ctx, dataset, split, address)
+    print(f"raysim: {config.algorithm.name} on {dataset.name} ({len(dataset.train_y)} train "
+          f"samples, {split.num_clients} clients, {config.clients.per_round} per round); "
+          f"{backend.describe()}", flush=True)
+    rounds, seed = config.run.rounds, config.run.seed
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=rounds, desc="rounds", unit="round", dynamic_ncols=True)
+    round_times: list[float] = []
+    totals = {"bytes_up": 0, "bytes_down": 0, "clients_done": 0, "clients_failed": 0}
+    last_eval: dict[str, float] = {}
+    train_loss = float("nan")
+    started = time.perf_counter()
+    try:
+        for round_index in range(rounds):
+            round_started = time.perf_counter()
+            client_ids = sample_clients(seed, round_index, split.num_clients,
+                                        config.clients.per_round)
+            last = round_index == rounds - 1
+            evaluate = last or (round_index + 1) % config.run.eval_every == 0
+            stats = backend.run_round(round_index, client_ids, evaluate)
+            round_s = time.perf_counter() - round_started
+            round_times.append(round_s)
+            for key in totals:
+                totals[key] += getattr(stats, key)
+            train_loss = stats.train_loss
+            record: dict[str, Any] = {
+                "round": round_index + 1, "wall_s": round_s, "clients": len(client_ids),
+                "clients_done": stats.clients_done, "clients_failed": stats.clients_failed,
+                "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
+                "train_loss": stats.train_loss, "update_norm_mean": stats.update_norm_mean,
+                "time": {"clients_s": stats.clients_s, "aggregate_s": stats.aggregate_s,
+                         "evaluate_s": stats.evaluate_s},
+            }
+            if stats.eval:
+                last_eval = stats.eval
+                record["eval"] = stats.eval
+            outputs.log_round(record)
+            every = config.run.checkpoint_every
+            if last or (every and (round_index + 1) % every == 0):
+                outputs.save_checkpoint(backend.get_state())
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix({k: f"{v:.4f}" for k, v in last_eval.items()} |
+                                {"train_loss": f"{train_loss:.4f}"})
+        wall_s = time.perf_counter() - started
+        state = backend.get_state()
+        summary = {
+            "final": {**last_eval, "train_loss": train_loss},
+            "rounds": rounds,
+            "wall_s": wall_s,
+            "client_updates_per_s": totals["clients_done"] / wall_s if wall_s else 0.0,
+            "bytes_up": totals["bytes_up"],
+            "bytes_down": totals["bytes_down"],
+            "clients_done": totals["clients_done"],
+            "clients_failed": totals["clients_failed"],
+            "median_round_s": statistics.median(round_times),
+            "backend": backend.name,
+            "dataset": dataset.name,
+            "num_clients": split.num_clients,
+        }
+        outputs.write_summary(summary)
+    finally:
+        if bar is not None:
+            bar.close()
+        outputs.close()
+        backend.shutdown()
+    return RunResult(state=state, summary=summary, out_dir=Path(out_dir))

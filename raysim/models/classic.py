@@ -1,0 +1,85 @@
+"""Standard (dense-weight) models used by FedAvg and the other weight-training baselines.
+
+Every factory has the signature `factory(input_shape, num_classes, *, options)`; the keyword-only
+options are what a config's `model:` section may set. The Conv2/4/8 family follows the
+edge-popup / FRL lineage (Ramanujan et al. 2020; Zhou et al. 2019): 3x3 convolutions in pairs,
+each pair followed by 2x2 max-pooling, then 256-256-classes fully connected. LeNet is the
+PyTorch MNIST network the FRL code calls LeNet (two 3x3 convolutions, 128 hidden units).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def _flat_size(features: nn.Module, input_shape: Sequence[int]) -> int:
+    with torch.no_grad():
+        return int(features(torch.zeros(1, *input_shape)).numel())
+
+
+def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ValueError(
+            f"model '{model}' needs image inputs (channels, height, width), got shape "
+            f"{tuple(input_shape)}; use model 'mlp' for flat features"
+        )
+    return tuple(int(s) for s in input_shape)  # type: ignore[return-value]
+
+
+def mlp(input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] = (128,)) -> nn.Module:
+    """Fully connected ReLU network on flattened inputs (e.g. digits: 64-128-10)."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = 1
+    for size in input_shape:
+        width *= int(size)
+    for size in hidden:
+        layers += [nn.Linear(width, int(size)), nn.ReLU()]
+        width = int(size)
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def lenet(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    channels, _, _ = _image_shape(input_shape, "lenet")
+    features = nn.Sequential(
+        nn.Conv2d(channels, 32, 3), nn.ReLU(),
+        nn.Conv2d(32, 64, 3), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(),
+    )
+    return nn.Sequential(
+        features,
+        nn.Linear(_flat_size(features, input_shape), 128), nn.ReLU(),
+        nn.Linear(128, num_classes),
+    )
+
+
+def _conv_net(input_shape: Sequence[int], num_classes: int, widths: Sequence[int], name: str) -> nn.Module:
+    channels, _, _ = _image_shape(input_shape, name)
+    layers: list[nn.Module] = []
+    for pair_index in range(0, len(widths), 2):
+        for width in widths[pair_index:pair_index + 2]:
+            layers += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU()]
+            channels = width
+        layers.append(nn.MaxPool2d(2))
+    features = nn.Sequential(*layers, nn.Flatten())
+    return nn.Sequential(
+        features,
+        nn.Linear(_flat_size(features, input_shape), 256), nn.ReLU(),
+        nn.Linear(256, 256), nn.ReLU(),
+        nn.Linear(256, num_classes),
+    )
+
+
+def conv2(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    return _conv_net(input_shape, num_classes, (64, 64), "conv2")
+
+
+def conv4(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    return _conv_net(input_shape, num_classes, (64, 64, 128, 128), "conv4")
+
+
+def conv8(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    return _conv_net(input_shape, num_classes, (64, 64, 128, 128, 256, 256, 512, 512), "conv8")

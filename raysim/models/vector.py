@@ -1,0 +1,75 @@
+"""Models as flat float32 vectors: building (seeded), caching per process, (un)flattening.
+
+The server state, payloads and updates are flat vectors, so aggregators are plain functions of
+arrays and checkpoints are plain .npz files. The vector holds all parameters followed by the
+floating-point buffers (e.g. BatchNorm running statistics), in `state_dict` order.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim import registry
+from raysim.core.sampling import model_init_seed
+
+_MODEL_CACHE: dict[str, nn.Module] = {}
+
+
+def build_model(ctx) -> nn.Module:  # ctx: raysim.core.algorithm.RunContext
+    """A freshly initialised model; the init depends only on the run seed."""
+    model_config = ctx.config.model
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(model_init_seed(ctx.seed))
+        try:
+            return registry.models.build(model_config.name, ctx.input_shape, ctx.num_classes,
+                                         **model_config.options)
+        except ValueError as error:
+            from raysim.errors import ConfigError
+
+            raise ConfigError(f"model '{model_config.name}': {error}") from None
+
+
+def cached_model(ctx) -> nn.Module:
+    """One model object per (architecture, shapes) per worker process, reused across clients.
+
+    Clients overwrite all of its values before use, so reuse cannot leak state between clients;
+    it only saves rebuilding the module for every client.
+    """
+    key = ctx.model_key()
+    model = _MODEL_CACHE.get(key)
+    if model is None:
+        model = _MODEL_CACHE[key] = build_model(ctx)
+    return model
+
+
+def _tensors(model: nn.Module) -> list[torch.Tensor]:
+    return [t for t in model.state_dict(keep_vars=True).values() if t.is_floating_point()]
+
+
+def get_vector(model: nn.Module) -> np.ndarray:
+    with torch.no_grad():
+        return torch.cat([t.detach().reshape(-1) for t in _tensors(model)]).numpy().astype(
+            np.float32, copy=True)
+
+
+def vector_size(model: nn.Module) -> int:
+    return sum(t.numel() for t in _tensors(model))
+
+
+def set_vector(model: nn.Module, vector: np.ndarray) -> None:
+    """Copy `vector` into the model (the vector may be a read-only object-store view)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only numpy view: we only read it
+        source = torch.from_numpy(np.asarray(vector, dtype=np.float32))
+    offset = 0
+    with torch.no_grad():
+        for tensor in _tensors(model):
+            count = tensor.numel()
+            tensor.copy_(source[offset:offset + count].view_as(tensor))
+            offset += count
+    if offset != source.numel():
+        raise ValueError(f"vector has {source.numel()} values, model needs {offset}")

@@ -1,0 +1,118 @@
+"""Everything a run writes to its output folder.
+
+OUT/config.yaml       the resolved config (what `raysim run` accepts to repeat the run)
+OUT/metrics.jsonl     one JSON object per round
+OUT/summary.json      final metrics, totals and throughput
+OUT/tensorboard/      TensorBoard event files (every numeric per-round value as a scalar)
+OUT/checkpoints/      round_NNNNNN.npz: the server state (numpy arrays only, loaded without pickle)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim.config import Config
+from raysim.core.state import ServerState
+from raysim.errors import RaysimError
+
+_META_KEY = "__raysim_meta__"
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file and rename, so a crash never leaves a half-written file."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return _json_safe(value.item())
+    return value
+
+
+class RunOutputs:
+    def __init__(self, out_dir: str | Path, config: Config, tensorboard: bool = True) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_dir = self.out_dir / "checkpoints"
+        self.checkpoint_dir.mkdir(exist_ok=True)
+        self.keep_checkpoints = config.run.keep_checkpoints
+        _atomic_write_bytes(self.out_dir / "config.yaml", config.to_yaml().encode())
+        self._metrics = open(self.out_dir / "metrics.jsonl", "w")  # noqa: SIM115
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+
+    def log_round(self, record: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(_json_safe(record)) + "\n")
+        self._metrics.flush()
+        if self._writer is not None:
+            step = int(record["round"])
+            for key, value in _flatten(record).items():
+                if key != "round" and isinstance(value, int | float) and math.isfinite(value):
+                    self._writer.add_scalar(key, value, step)
+
+    def save_checkpoint(self, state: ServerState, extra: dict[str, Any] | None = None) -> Path:
+        path = self.checkpoint_dir / f"round_{state.round:06d}.npz"
+        meta = json.dumps({"round": state.round, **(extra or {})})
+        arrays = dict(state.arrays)
+        arrays[_META_KEY] = np.frombuffer(meta.encode(), dtype=np.uint8)
+        import io
+
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        _atomic_write_bytes(path, buffer.getvalue())
+        checkpoints = sorted(self.checkpoint_dir.glob("round_*.npz"))
+        for old in checkpoints[:-self.keep_checkpoints]:
+            old.unlink()
+        return path
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        _atomic_write_bytes(self.out_dir / "summary.json",
+                            (json.dumps(_json_safe(summary), indent=2) + "\n").encode())
+
+    def close(self) -> None:
+        self._metrics.close()
+        if self._writer is not None:
+            self._writer.close()
+
+
+def load_checkpoint(path: str | Path) -> tuple[ServerState, dict[str, Any]]:
+    """Read a checkpoint written by `save_checkpoint` (no pickle is ever loaded)."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError) as error:
+        raise RaysimError(f"checkpoint {path} is unreadable or truncated: {error}") from None
+    if _META_KEY not in arrays:
+        raise RaysimError(f"checkpoint {path} has no raysim metadata")
+    meta = json.loads(arrays.pop(_META_KEY).tobytes().decode())
+    return ServerState(int(meta["round"]), arrays), meta
+
+
+def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}/"))
+        else:
+            flat[name] = value
+    return flat

@@ -1,0 +1,89 @@
+"""Name -> lazy factory, one registry per kind of plug-in.
+
+Factories are registered as "module:attribute" strings so that heavy optional libraries
+(torchvision, faiss, kmodes) are imported only when a config actually chooses them. A factory's
+keyword-only parameters are its options: config sections such as `model:` or `algorithm:` pass
+every key except `name` to the factory, and unknown keys are rejected before anything runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from raysim.errors import ConfigError, closest
+
+
+class Registry:
+    """Maps plug-in names of one kind (e.g. 'model') to lazily imported factories."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._targets: dict[str, str | Callable[..., Any]] = {}
+
+    def register(self, name: str, target: str | Callable[..., Any]) -> None:
+        if name in self._targets:
+            raise ValueError(f"{self.kind} '{name}' is registered twice")
+        self._targets[name] = target
+
+    def names(self) -> list[str]:
+        return sorted(self._targets)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._targets
+
+    def get(self, name: str) -> Callable[..., Any]:
+        if name not in self._targets:
+            raise ConfigError(
+                f"unknown {self.kind} '{name}'{closest(name, self.names())}; "
+                f"choices: {', '.join(self.names())}"
+            )
+        target = self._targets[name]
+        if isinstance(target, str):
+            module_name, attribute = target.split(":")
+            target = getattr(importlib.import_module(module_name), attribute)
+            self._targets[name] = target
+        return target
+
+    def option_names(self, name: str) -> list[str]:
+        """The keyword-only parameters of the factory: the options a config may set."""
+        signature = inspect.signature(self.get(name))
+        return [
+            p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+
+    def check_options(self, name: str, options: Mapping[str, Any], where: str) -> None:
+        valid = self.option_names(name)
+        for key in options:
+            if key not in valid:
+                raise ConfigError(
+                    f"unknown option '{where}.{key}' for {self.kind} '{name}'"
+                    f"{closest(key, valid)}; valid options: {', '.join(valid) or '(none)'}"
+                )
+
+    def build(self, name: str, *args: Any, **options: Any) -> Any:
+        return self.get(name)(*args, **options)
+
+
+datasets = Registry("dataset")
+partitioners = Registry("partitioner")
+models = Registry("model")
+algorithms = Registry("algorithm")
+aggregators = Registry("aggregator")
+server_optimizers = Registry("server optimizer")
+
+# --- built-in plug-ins -------------------------------------------------------------------------
+for _name in ("digits", "synthetic_classification", "mnist", "cifar10", "cifar100", "femnist"):
+    datasets.register(_name, f"raysim.data.datasets:load_{_name}")
+for _name in ("iid", "dirichlet", "shards", "one_class", "natural"):
+    partitioners.register(_name, f"raysim.data.partition:{_name}")
+for _name in ("mlp", "lenet", "conv2", "conv4", "conv8"):
+    models.register(_name, f"raysim.models.classic:{_name}")
+algorithms.register("fedavg", "raysim.algorithms.fedavg:FedAvg")
+algorithms.register("fedprox", "raysim.algorithms.fedavg:FedProx")
+aggregators.register("mean", "raysim.core.aggregators:Mean")
+aggregators.register("weighted_mean", "raysim.core.aggregators:WeightedMean")
+for _name in ("sgd", "adagrad", "adam"):
+    server_optimizers.register(_name, f"raysim.core.server_optimizers:{_name}")

@@ -1,0 +1,1 @@
+"""Execution backends: `local` (in-process, sequential) and `ray` (tasks + server actor)."""

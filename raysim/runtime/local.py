@@ -1,0 +1,52 @@
+"""In-process backend: clients run sequentially in the driver. For tests and debugging.
+
+Gives bit-identical results to the Ray backend for the same config and seed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from raysim.core.algorithm import RunContext
+from raysim.core.clients import train_clients
+from raysim.core.server import Server, build_algorithm
+from raysim.core.state import RoundStats, ServerState
+from raysim.data.datasets import Dataset
+from raysim.data.partition import ClientSplit
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, ctx: RunContext, dataset: Dataset, split: ClientSplit) -> None:
+        self.ctx = ctx
+        self.dataset = dataset
+        self.split = split
+        self.server = Server(ctx, dataset.test_x, dataset.test_y)
+        self.algorithm = build_algorithm(ctx)
+
+    def run_round(self, round_index: int, client_ids: np.ndarray, evaluate: bool) -> RoundStats:
+        started = time.perf_counter()
+        self.server.start_round(len(client_ids))
+        updates = train_clients(self.ctx, self.algorithm, self.server.payload(),
+                                self.dataset.train_x, self.dataset.train_y, self.split.indices,
+                                self.split.offsets, round_index, client_ids)
+        clients_s = time.perf_counter() - started
+        self.server.add(updates)
+        stats = self.server.finish_round(evaluate)
+        stats.clients_s = clients_s
+        return stats
+
+    def get_state(self) -> ServerState:
+        return self.server.get_state()
+
+    def set_state(self, state: ServerState) -> None:
+        self.server.set_state(state)
+
+    def describe(self) -> str:
+        return "local backend (clients run sequentially in this process)"
+
+    def shutdown(self) -> None:
+        pass
