@@ -108,7 +108,10 @@ def run(config: Config, out_dir: str | Path, *, address: str | None = None,
                 totals[key] += getattr(stats, key)
             train_loss = stats.train_loss
             record: dict[str, Any] = {
-                "round": round_index + 1, "wall_s": round_s, "clients": len(client_ids),
+                "round": round_index + 1, "wall_s": round_s,
+                # since the loop started, at the end of this round's dispatch (differences of
+                # consecutive values include logging and checkpointing of the round before)
+                "elapsed_s": time.perf_counter() - started, "clients": len(client_ids),
                 "clients_done": stats.clients_done, "clients_failed": stats.clients_failed,
                 "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
                 "train_loss": stats.train_loss, "update_norm_mean": stats.update_norm_mean,
