@@ -16,7 +16,7 @@ def evaluate_classifier(model: nn.Module, x: np.ndarray, y: np.ndarray,
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
             xb = torch.from_numpy(np.array(x[start:start + batch_size], dtype=np.float32))
-            yb = torch.from_numpy(np.asarray(y[start:start + batch_size], dtype=np.int64))
+            yb = torch.from_numpy(np.array(y[start:start + batch_size], dtype=np.int64))
             logits = model(xb)
             loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(dim=1) == yb).sum())

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +60,32 @@ class RunOutputs:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+        # Round records are written by a background thread: TensorBoard's add_scalar costs
+        # ~50 us a value, which would otherwise sit on the critical path of every round.
+        self._queue: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write_records, name="raysim-outputs",
+                                        daemon=True)
+        self._thread.start()
 
     def log_round(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(_json_safe(record)) + "\n")
-        self._metrics.flush()
-        if self._writer is not None:
-            step = int(record["round"])
-            for key, value in _flatten(record).items():
-                if key != "round" and isinstance(value, int | float) and math.isfinite(value):
-                    self._writer.add_scalar(key, value, step)
+        """Queue one round's record for metrics.jsonl and TensorBoard (written in order)."""
+        if self._error is not None:
+            raise self._error
+        self._queue.put(record)
+
+    def _write_records(self) -> None:
+        while (record := self._queue.get()) is not None:
+            try:
+                self._metrics.write(json.dumps(_json_safe(record)) + "\n")
+                self._metrics.flush()
+                if self._writer is not None:
+                    step = int(record["round"])
+                    for key, value in _flatten(record).items():
+                        if key != "round" and isinstance(value, int | float) and math.isfinite(value):
+                            self._writer.add_scalar(key, value, step)
+            except BaseException as error:  # surfaced on the next log_round / close
+                self._error = error
 
     def save_checkpoint(self, state: ServerState, extra: dict[str, Any] | None = None) -> Path:
         path = self.checkpoint_dir / f"round_{state.round:06d}.npz"
@@ -88,9 +107,21 @@ class RunOutputs:
                             (json.dumps(_json_safe(summary), indent=2) + "\n").encode())
 
     def close(self) -> None:
+        """Write every queued record, then close the files."""
+        self._queue.put(None)
+        self._thread.join()
         self._metrics.close()
         if self._writer is not None:
             self._writer.close()
+        if self._error is not None:
+            raise self._error
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far (Linux reports kilobytes)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def load_checkpoint(path: str | Path) -> tuple[ServerState, dict[str, Any]]:

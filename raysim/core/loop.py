@@ -23,7 +23,7 @@ from raysim.core.sampling import DATA, PARTITION, purpose_seed, sample_clients
 from raysim.core.state import ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit, make_split
-from raysim.outputs import RunOutputs
+from raysim.outputs import RunOutputs, peak_rss_bytes
 
 
 @dataclass
@@ -115,8 +115,9 @@ def run(config: Config, out_dir: str | Path, *, address: str | None = None,
                 "clients_done": stats.clients_done, "clients_failed": stats.clients_failed,
                 "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
                 "train_loss": stats.train_loss, "update_norm_mean": stats.update_norm_mean,
-                "time": {"clients_s": stats.clients_s, "aggregate_s": stats.aggregate_s,
-                         "evaluate_s": stats.evaluate_s},
+                "tasks": stats.tasks,
+                "time": {"clients_s": stats.clients_s, "client_compute_s": stats.client_compute_s,
+                         "aggregate_s": stats.aggregate_s, "evaluate_s": stats.evaluate_s},
             }
             if stats.eval:
                 last_eval = stats.eval
@@ -144,6 +145,8 @@ def run(config: Config, out_dir: str | Path, *, address: str | None = None,
             "backend": backend.name,
             "dataset": dataset.name,
             "num_clients": split.num_clients,
+            "driver_peak_rss_bytes": peak_rss_bytes(),
+            "server_peak_rss_bytes": backend.server_peak_rss_bytes(),
         }
         outputs.write_summary(summary)
     finally:

@@ -48,7 +48,9 @@ class RoundStats:
     bytes_down: int = 0
     train_loss: float = float("nan")
     update_norm_mean: float = float("nan")
-    clients_s: float = 0.0
+    clients_s: float = 0.0  # wall time from dispatch until the last update was folded in
+    client_compute_s: float = 0.0  # sum over tasks of their training time (CPU-side work)
+    tasks: int = 0
     aggregate_s: float = 0.0
     evaluate_s: float = 0.0
     eval: dict[str, float] = field(default_factory=dict)

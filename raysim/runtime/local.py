@@ -36,7 +36,8 @@ class LocalBackend:
         clients_s = time.perf_counter() - started
         self.server.add(updates)
         stats = self.server.finish_round(evaluate)
-        stats.clients_s = clients_s
+        stats.clients_s = stats.client_compute_s = clients_s
+        stats.tasks = 1
         return stats
 
     def get_state(self) -> ServerState:
@@ -44,6 +45,11 @@ class LocalBackend:
 
     def set_state(self, state: ServerState) -> None:
         self.server.set_state(state)
+
+    def server_peak_rss_bytes(self) -> int:
+        from raysim.outputs import peak_rss_bytes
+
+        return peak_rss_bytes()  # the server lives in this process
 
     def describe(self) -> str:
         return "local backend (clients run sequentially in this process)"

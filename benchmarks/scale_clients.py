@@ -1,0 +1,114 @@
+"""Scale in the number of registered clients: 100 clients per round out of 1K ... 1M.
+
+Every size trains the same amount per round (100 clients x `--samples-per-client` synthetic
+samples, MLP), so seconds per round should not grow with the number of registered clients:
+sampling is O(clients per round), the split is two CSR arrays in the object store, and nothing
+per round touches all clients. Each size runs in its own process (own Ray, own peak-RSS
+reading). Reports seconds per round (median after warm-up), the peak RSS of the driver and of
+the server actor, and the driver's memory beyond the dataset itself:
+    driver_extra = driver peak RSS - RSS before loading data - dataset bytes
+
+    python benchmarks/scale_clients.py [--clients 1000 10000 100000 1000000] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROUNDS, WARMUP = 20, 3
+
+
+def one_size(num_clients: int, samples_per_client: int, num_cpus: int | None) -> dict:
+    """Runs in a child process: one simulation with `num_clients` registered clients."""
+    from raysim import config as config_module
+    from raysim.core.loop import run
+    from raysim.outputs import peak_rss_bytes
+
+    baseline = peak_rss_bytes()  # after importing torch, ray and raysim
+    num_samples = num_clients * samples_per_client
+    overrides = [
+        "data.name=synthetic_classification", f"data.num_samples={num_samples}",
+        "data.num_test=2000", "data.sample_shape=[16]", "model.name=mlp", "model.hidden=[64]",
+        "partition.name=iid", f"partition.num_clients={num_clients}",
+        "clients.per_round=100", "clients.local_epochs=1", "clients.batch_size=16",
+        f"run.rounds={ROUNDS}", f"run.eval_every={ROUNDS}", f"run.checkpoint_every={ROUNDS}",
+        "runtime.backend=ray",
+    ]
+    if num_cpus:
+        overrides.append(f"runtime.num_cpus={num_cpus}")
+    config = config_module.from_dict({}, overrides)
+    with tempfile.TemporaryDirectory() as out:
+        result = run(config, out, progress=False, tensorboard=False)
+        elapsed = [json.loads(line)["elapsed_s"] for line in open(Path(out) / "metrics.jsonl")]
+    round_s = np.diff([0.0, *elapsed])[WARMUP:]
+    dataset_bytes = num_samples * 16 * 4 + num_samples * 8  # float32 features + int64 labels
+    summary = result.summary
+    return {
+        "num_clients": num_clients,
+        "num_samples": num_samples,
+        "median_round_s": statistics.median(round_s),
+        "driver_peak_rss_bytes": summary["driver_peak_rss_bytes"],
+        "server_peak_rss_bytes": summary["server_peak_rss_bytes"],
+        "driver_baseline_rss_bytes": baseline,
+        "dataset_bytes": dataset_bytes,
+        "driver_extra_bytes": summary["driver_peak_rss_bytes"] - baseline - dataset_bytes,
+        "final_accuracy": summary["final"].get("accuracy"),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, nargs="+",
+                        default=[1_000, 10_000, 100_000, 1_000_000])
+    parser.add_argument("--samples-per-client", type=int, default=4)
+    parser.add_argument("--num-cpus", type=int, default=None)
+    parser.add_argument("--out", default="benchmarks/results/scale_clients.json")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print("RESULT " + json.dumps(one_size(args.child, args.samples_per_client,
+                                              args.num_cpus)))
+        return 0
+
+    rows = []
+    for num_clients in args.clients:
+        command = [sys.executable, __file__, "--child", str(num_clients),
+                   "--samples-per-client", str(args.samples_per_client)]
+        if args.num_cpus:
+            command += ["--num-cpus", str(args.num_cpus)]
+        completed = subprocess.run(command, capture_output=True, text=True)
+        lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+        if completed.returncode != 0 or not lines:
+            print(completed.stdout[-3000:], completed.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"size {num_clients} failed (exit {completed.returncode})")
+        rows.append(json.loads(lines[-1][len("RESULT "):]))
+        print(f"measured {num_clients} clients", file=sys.stderr, flush=True)
+
+    reference = rows[0]["median_round_s"]
+    mb = 1 / 2**20
+    print(f"\n100 clients per round, median s/round over rounds {WARMUP + 1}..{ROUNDS}")
+    print(f"{'clients':>10}{'s/round':>10}{'x 1st':>8}{'driver MB':>11}{'dataset MB':>12}"
+          f"{'driver extra MB':>17}{'server MB':>11}")
+    for row in rows:
+        row["round_s_over_first"] = row["median_round_s"] / reference
+        print(f"{row['num_clients']:>10}{row['median_round_s']:>10.4f}"
+              f"{row['round_s_over_first']:>8.2f}{row['driver_peak_rss_bytes'] * mb:>11.0f}"
+              f"{row['dataset_bytes'] * mb:>12.0f}{row['driver_extra_bytes'] * mb:>17.0f}"
+              f"{row['server_peak_rss_bytes'] * mb:>11.0f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"rounds": ROUNDS, "warmup": WARMUP, "rows": rows},
+                                         indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
