@@ -35,11 +35,20 @@ def one_size(num_clients: int, samples_per_client: int, num_cpus: int | None) ->
     baseline = peak_rss_bytes()  # after importing torch, ray and raysim
     num_samples = num_clients * samples_per_client
     overrides = [
-        "data.name=synthetic_classification", f"data.num_samples={num_samples}",
-        "data.num_test=2000", "data.sample_shape=[16]", "model.name=mlp", "model.hidden=[64]",
-        "partition.name=iid", f"partition.num_clients={num_clients}",
-        "clients.per_round=100", "clients.local_epochs=1", "clients.batch_size=16",
-        f"run.rounds={ROUNDS}", f"run.eval_every={ROUNDS}", f"run.checkpoint_every={ROUNDS}",
+        "data.name=synthetic_classification",
+        f"data.num_samples={num_samples}",
+        "data.num_test=2000",
+        "data.sample_shape=[16]",
+        "model.name=mlp",
+        "model.hidden=[64]",
+        "partition.name=iid",
+        f"partition.num_clients={num_clients}",
+        "clients.per_round=100",
+        "clients.local_epochs=1",
+        "clients.batch_size=16",
+        f"run.rounds={ROUNDS}",
+        f"run.eval_every={ROUNDS}",
+        f"run.checkpoint_every={ROUNDS}",
         "runtime.backend=ray",
     ]
     if num_cpus:
@@ -66,22 +75,28 @@ def one_size(num_clients: int, samples_per_client: int, num_cpus: int | None) ->
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+",
-                        default=[1_000, 10_000, 100_000, 1_000_000])
+    parser.add_argument(
+        "--clients", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000]
+    )
     parser.add_argument("--samples-per-client", type=int, default=4)
     parser.add_argument("--num-cpus", type=int, default=None)
     parser.add_argument("--out", default="benchmarks/results/scale_clients.json")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(one_size(args.child, args.samples_per_client,
-                                              args.num_cpus)))
+        print("RESULT " + json.dumps(one_size(args.child, args.samples_per_client, args.num_cpus)))
         return 0
 
     rows = []
     for num_clients in args.clients:
-        command = [sys.executable, __file__, "--child", str(num_clients),
-                   "--samples-per-client", str(args.samples_per_client)]
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            str(num_clients),
+            "--samples-per-client",
+            str(args.samples_per_client),
+        ]
         if args.num_cpus:
             command += ["--num-cpus", str(args.num_cpus)]
         completed = subprocess.run(command, capture_output=True, text=True)
@@ -89,23 +104,28 @@ def main(argv=None) -> int:
         if completed.returncode != 0 or not lines:
             print(completed.stdout[-3000:], completed.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"size {num_clients} failed (exit {completed.returncode})")
-        rows.append(json.loads(lines[-1][len("RESULT "):]))
+        rows.append(json.loads(lines[-1][len("RESULT ") :]))
         print(f"measured {num_clients} clients", file=sys.stderr, flush=True)
 
     reference = rows[0]["median_round_s"]
     mb = 1 / 2**20
     print(f"\n100 clients per round, median s/round over rounds {WARMUP + 1}..{ROUNDS}")
-    print(f"{'clients':>10}{'s/round':>10}{'x 1st':>8}{'driver MB':>11}{'dataset MB':>12}"
-          f"{'driver extra MB':>17}{'server MB':>11}")
+    print(
+        f"{'clients':>10}{'s/round':>10}{'x 1st':>8}{'driver MB':>11}{'dataset MB':>12}"
+        f"{'driver extra MB':>17}{'server MB':>11}"
+    )
     for row in rows:
         row["round_s_over_first"] = row["median_round_s"] / reference
-        print(f"{row['num_clients']:>10}{row['median_round_s']:>10.4f}"
-              f"{row['round_s_over_first']:>8.2f}{row['driver_peak_rss_bytes'] * mb:>11.0f}"
-              f"{row['dataset_bytes'] * mb:>12.0f}{row['driver_extra_bytes'] * mb:>17.0f}"
-              f"{row['server_peak_rss_bytes'] * mb:>11.0f}")
+        print(
+            f"{row['num_clients']:>10}{row['median_round_s']:>10.4f}"
+            f"{row['round_s_over_first']:>8.2f}{row['driver_peak_rss_bytes'] * mb:>11.0f}"
+            f"{row['dataset_bytes'] * mb:>12.0f}{row['driver_extra_bytes'] * mb:>17.0f}"
+            f"{row['server_peak_rss_bytes'] * mb:>11.0f}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"rounds": ROUNDS, "warmup": WARMUP, "rows": rows},
-                                         indent=2) + "\n")
+    Path(args.out).write_text(
+        json.dumps({"rounds": ROUNDS, "warmup": WARMUP, "rows": rows}, indent=2) + "\n"
+    )
     print(f"\nwrote {args.out}")
     return 0
 

@@ -38,23 +38,50 @@ from raysim.models.vector import build_model, get_vector, set_vector
 
 WORKLOADS = {
     # digits, MLP 64-128-10, 100 clients, 10 per round, 1 epoch, batch 16
-    "tiny": {"rounds": 60, "warmup": 5, "overrides": [
-        "data.name=digits", "model.name=mlp", "model.hidden=[128]",
-        "partition.name=iid", "partition.num_clients=100", "clients.per_round=10",
-        "clients.local_epochs=1", "clients.batch_size=16", "clients.lr=0.05"]},
+    "tiny": {
+        "rounds": 60,
+        "warmup": 5,
+        "overrides": [
+            "data.name=digits",
+            "model.name=mlp",
+            "model.hidden=[128]",
+            "partition.name=iid",
+            "partition.num_clients=100",
+            "clients.per_round=10",
+            "clients.local_epochs=1",
+            "clients.batch_size=16",
+            "clients.lr=0.05",
+        ],
+    },
     # LeNet on 28x28 synthetic images, 200 clients x 64 samples, 50 per round, 1 epoch
-    "heavy": {"rounds": 8, "warmup": 2, "overrides": [
-        "data.name=synthetic_classification", "data.num_samples=12800", "data.num_test=1000",
-        "data.sample_shape=[1,28,28]", "model.name=lenet",
-        "partition.name=iid", "partition.num_clients=200", "clients.per_round=50",
-        "clients.local_epochs=1", "clients.batch_size=16", "clients.lr=0.05"]},
+    "heavy": {
+        "rounds": 8,
+        "warmup": 2,
+        "overrides": [
+            "data.name=synthetic_classification",
+            "data.num_samples=12800",
+            "data.num_test=1000",
+            "data.sample_shape=[1,28,28]",
+            "model.name=lenet",
+            "partition.name=iid",
+            "partition.num_clients=200",
+            "clients.per_round=50",
+            "clients.local_epochs=1",
+            "clients.batch_size=16",
+            "clients.lr=0.05",
+        ],
+    },
 }
 
 
 def make_config(size: str, backend: str, rounds: int):
     overrides = WORKLOADS[size]["overrides"] + [
-        f"runtime.backend={backend}", f"run.rounds={rounds}", f"run.eval_every={rounds}",
-        f"run.checkpoint_every={rounds}", f"run.name=throughput_{size}"]
+        f"runtime.backend={backend}",
+        f"run.rounds={rounds}",
+        f"run.eval_every={rounds}",
+        f"run.checkpoint_every={rounds}",
+        f"run.name=throughput_{size}",
+    ]
     return config_module.from_dict({}, overrides)
 
 
@@ -76,7 +103,7 @@ def plain_loop_round_times(config, threads: int) -> list[float]:
             total = np.zeros_like(params, dtype=np.float64)
             weight = 0
             for client_id in ids:
-                rows = split.indices[split.offsets[client_id]:split.offsets[client_id + 1]]
+                rows = split.indices[split.offsets[client_id] : split.offsets[client_id + 1]]
                 x = torch.from_numpy(dataset.train_x[rows])
                 y = torch.from_numpy(dataset.train_y[rows])
                 set_vector(model, params)
@@ -85,7 +112,7 @@ def plain_loop_round_times(config, threads: int) -> list[float]:
                 for _ in range(clients.local_epochs):
                     order = torch.randperm(len(y), generator=generator)
                     for start in range(0, len(y), clients.batch_size):
-                        batch = order[start:start + clients.batch_size]
+                        batch = order[start : start + clients.batch_size]
                         loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
@@ -125,7 +152,7 @@ def main(argv=None) -> int:
     rounds = {size: args.rounds or WORKLOADS[size]["rounds"] for size in args.sizes}
 
     def median(size: str, times: list[float]) -> float:
-        return statistics.median(times[WORKLOADS[size]["warmup"]:])
+        return statistics.median(times[WORKLOADS[size]["warmup"] :])
 
     # The reference first, on a quiet machine (before Ray's processes exist): the target is
     # then as hard as it can be.
@@ -134,15 +161,20 @@ def main(argv=None) -> int:
     for size in args.sizes:
         config = make_config(size, "local", rounds[size])
         measured[size]["plain_1thread"] = min(
-            median(size, plain_loop_round_times(config, 1)) for _ in range(args.repeats))
+            median(size, plain_loop_round_times(config, 1)) for _ in range(args.repeats)
+        )
         measured[size]["plain"] = min(
             median(size, plain_loop_round_times(config, default_threads))
-            for _ in range(args.repeats))
+            for _ in range(args.repeats)
+        )
 
     # Ray started the way `raysim run` starts it (dashboard included), once for all runs.
     connect(RuntimeConfig(num_cpus=args.num_cpus))
-    results = {"cpus": ray.cluster_resources().get("CPU"), "torch_default_threads": default_threads,
-               "sizes": {}}
+    results = {
+        "cpus": ray.cluster_resources().get("CPU"),
+        "torch_default_threads": default_threads,
+        "sizes": {},
+    }
     for size in args.sizes:
         for way in ("ray", "local"):
             best = float("inf")
@@ -156,7 +188,8 @@ def main(argv=None) -> int:
                 local_params = params
         reference = measured[size]["plain"]
         row = {
-            "rounds": rounds[size], "warmup_rounds_dropped": WORKLOADS[size]["warmup"],
+            "rounds": rounds[size],
+            "warmup_rounds_dropped": WORKLOADS[size]["warmup"],
             "median_round_s": measured[size],
             "ray_over_plain": measured[size]["ray"] / reference,
             "local_over_plain": measured[size]["local"] / reference,
@@ -164,13 +197,18 @@ def main(argv=None) -> int:
             "ray_equals_local_bitwise": bool(np.array_equal(ray_params, local_params)),
         }
         results["sizes"][size] = row
-        print(f"\n{size}: median seconds per round over rounds "
-              f"{WORKLOADS[size]['warmup'] + 1}..{rounds[size]}")
+        print(
+            f"\n{size}: median seconds per round over rounds "
+            f"{WORKLOADS[size]['warmup'] + 1}..{rounds[size]}"
+        )
         print(f"  {'way':<24}{'s/round':>10}{'x plain':>10}")
         for way in ("ray", "local", "plain_1thread", "plain"):
-            label = {"plain": f"plain ({default_threads} threads)", "plain_1thread":
-                     "plain (1 thread)", "ray": "raysim ray backend",
-                     "local": "raysim local backend"}[way]
+            label = {
+                "plain": f"plain ({default_threads} threads)",
+                "plain_1thread": "plain (1 thread)",
+                "ray": "raysim ray backend",
+                "local": "raysim local backend",
+            }[way]
             seconds = measured[size][way]
             print(f"  {label:<24}{seconds:>10.4f}{seconds / reference:>10.2f}")
         print(f"  ray == local final parameters (bitwise): {row['ray_equals_local_bitwise']}")

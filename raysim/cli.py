@@ -16,8 +16,14 @@ from raysim.errors import RaysimError
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="experiment YAML file (see configs/)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help="override a config key, e.g. clients.lr=0.1")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. clients.lr=0.1",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,8 +62,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "info":
         from raysim import registry
 
-        for reg in (registry.datasets, registry.partitioners, registry.models,
-                    registry.algorithms, registry.aggregators, registry.server_optimizers):
+        for reg in (
+            registry.datasets,
+            registry.partitioners,
+            registry.models,
+            registry.algorithms,
+            registry.aggregators,
+            registry.server_optimizers,
+        ):
             print(f"{reg.kind + 's':<20} {', '.join(reg.names())}")
         return 0
 
@@ -76,8 +88,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     out = args.out or f"runs/{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     result = run(config, out, address=args.address, progress=not args.no_progress)
     final = ", ".join(f"{k}={v:.4f}" for k, v in result.summary["final"].items())
-    print(f"done: {result.summary['rounds']} rounds in {result.summary['wall_s']:.1f} s; "
-          f"final {final}; outputs in {out}")
+    print(
+        f"done: {result.summary['rounds']} rounds in {result.summary['wall_s']:.1f} s; "
+        f"final {final}; outputs in {out}"
+    )
     return 0
 
 

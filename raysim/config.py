@@ -11,7 +11,7 @@ ConfigError naming the key and what was expected.
 from __future__ import annotations
 
 import dataclasses
-import typing
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,8 +122,9 @@ class Config:
 
     def replace(self, **overrides: Any) -> Config:
         """A new config with `section.key=value` overrides (same rules as --set)."""
-        return from_dict(self.to_dict(), [f"{k}={yaml.safe_dump(v).strip()}" for k, v in
-                                          _flat_items(overrides)])
+        return from_dict(
+            self.to_dict(), [f"{k}={yaml.safe_dump(v).strip()}" for k, v in _flat_items(overrides)]
+        )
 
 
 def _flat_items(overrides: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -136,6 +137,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """YAML 1.1's safe loader, plus `1e-3` read as a float (PyYAML wants `1.0e-3`)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 # Sections whose extra keys are options of the chosen plug-in: section -> (registry, default name)
@@ -154,7 +166,7 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_YamlLoader) or {}
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -165,7 +177,9 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     return from_dict(raw, overrides, source=str(path))
 
 
-def from_dict(raw: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "config") -> Config:
+def from_dict(
+    raw: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "config"
+) -> Config:
     raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     for override in overrides:
         _apply_override(raw, override)
@@ -194,7 +208,7 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override '{override}' must look like section.key=value")
     section, name = parts
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = yaml.load(text, Loader=_YamlLoader) if text.strip() else None
     except yaml.YAMLError:
         value = text
     section_values = raw.setdefault(section, {})
@@ -216,10 +230,10 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
             root = values.pop("root", None)
             if root is not None and not isinstance(root, str):
                 raise ConfigError(f"{source}: 'data.root' must be a path string, got {root!r}")
-            reg.check_options(name, values, section_name)
-            return DataConfig(name=name, root=root, options=values)
-        reg.check_options(name, values, section_name)
-        return PluginConfig(name=name, options=values)
+            options = reg.check_options(name, values, section_name)
+            return DataConfig(name=name, root=root, options=options)
+        options = reg.check_options(name, values, section_name)
+        return PluginConfig(name=name, options=options)
     fields = {f.name: f for f in dataclasses.fields(section_type)}
     kwargs = {}
     for key, value in values.items():
@@ -233,9 +247,17 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
 
 
 _TYPE_NAMES = {
-    "int": int, "float": float, "str": str, "bool": bool, "None": type(None),
-    "RunConfig": RunConfig, "DataConfig": DataConfig, "PartitionConfig": PartitionConfig,
-    "ClientsConfig": ClientsConfig, "PluginConfig": PluginConfig, "ServerConfig": ServerConfig,
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "None": type(None),
+    "RunConfig": RunConfig,
+    "DataConfig": DataConfig,
+    "PartitionConfig": PartitionConfig,
+    "ClientsConfig": ClientsConfig,
+    "PluginConfig": PluginConfig,
+    "ServerConfig": ServerConfig,
     "RuntimeConfig": RuntimeConfig,
 }
 
@@ -279,27 +301,42 @@ def _validate(config: Config, source: str) -> None:
     require(run.seed >= 0, "run.seed", ">= 0", run.seed)
     require(part.num_clients >= 1, "partition.num_clients", ">= 1", part.num_clients)
     require(part.alpha > 0, "partition.alpha", "> 0", part.alpha)
-    require(part.shards_per_client >= 1, "partition.shards_per_client", ">= 1",
-            part.shards_per_client)
+    require(
+        part.shards_per_client >= 1, "partition.shards_per_client", ">= 1", part.shards_per_client
+    )
     registry.partitioners.get(part.name)
     require(clients.per_round >= 1, "clients.per_round", ">= 1", clients.per_round)
-    require(clients.per_round <= part.num_clients, "clients.per_round",
-            f"<= partition.num_clients ({part.num_clients})", clients.per_round)
+    require(
+        clients.per_round <= part.num_clients,
+        "clients.per_round",
+        f"<= partition.num_clients ({part.num_clients})",
+        clients.per_round,
+    )
     require(clients.local_epochs >= 1, "clients.local_epochs", ">= 1", clients.local_epochs)
     require(clients.batch_size >= 1, "clients.batch_size", ">= 1", clients.batch_size)
     require(clients.lr > 0, "clients.lr", "> 0", clients.lr)
     require(clients.momentum >= 0, "clients.momentum", ">= 0", clients.momentum)
     require(clients.weight_decay >= 0, "clients.weight_decay", ">= 0", clients.weight_decay)
-    require(clients.per_task == "auto" or (isinstance(clients.per_task, int)
-                                           and clients.per_task >= 1),
-            "clients.per_task", "'auto' or an integer >= 1", clients.per_task)
+    require(
+        clients.per_task == "auto" or (isinstance(clients.per_task, int) and clients.per_task >= 1),
+        "clients.per_task",
+        "'auto' or an integer >= 1",
+        clients.per_task,
+    )
     require(clients.num_cpus > 0, "clients.num_cpus", "> 0", clients.num_cpus)
     require(clients.num_gpus >= 0, "clients.num_gpus", ">= 0", clients.num_gpus)
     registry.server_optimizers.get(config.server.optimizer)
     require(config.server.lr > 0, "server.lr", "> 0", config.server.lr)
-    require(0 <= config.server.momentum < 1, "server.momentum", "in [0, 1)",
-            config.server.momentum)
-    require(config.runtime.backend in ("ray", "local"), "runtime.backend", "'ray' or 'local'",
-            config.runtime.backend)
-    require(config.runtime.num_cpus is None or config.runtime.num_cpus >= 1,
-            "runtime.num_cpus", ">= 1", config.runtime.num_cpus)
+    require(0 <= config.server.momentum < 1, "server.momentum", "in [0, 1)", config.server.momentum)
+    require(
+        config.runtime.backend in ("ray", "local"),
+        "runtime.backend",
+        "'ray' or 'local'",
+        config.runtime.backend,
+    )
+    require(
+        config.runtime.num_cpus is None or config.runtime.num_cpus >= 1,
+        "runtime.num_cpus",
+        ">= 1",
+        config.runtime.num_cpus,
+    )

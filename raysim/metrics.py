@@ -7,16 +7,17 @@ import torch
 from torch import nn
 
 
-def evaluate_classifier(model: nn.Module, x: np.ndarray, y: np.ndarray,
-                        batch_size: int = 1024) -> dict[str, float]:
+def evaluate_classifier(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1024
+) -> dict[str, float]:
     """Top-1 accuracy and mean cross-entropy of `model` on (x, y)."""
     model.eval()
     correct = 0
     loss_sum = 0.0
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
-            xb = torch.from_numpy(np.array(x[start:start + batch_size], dtype=np.float32))
-            yb = torch.from_numpy(np.array(y[start:start + batch_size], dtype=np.int64))
+            xb = torch.from_numpy(np.array(x[start : start + batch_size], dtype=np.float32))
+            yb = torch.from_numpy(np.array(y[start : start + batch_size], dtype=np.int64))
             logits = model(xb)
             loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(dim=1) == yb).sum())

@@ -64,8 +64,9 @@ class RunOutputs:
         # ~50 us a value, which would otherwise sit on the critical path of every round.
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._write_records, name="raysim-outputs",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._write_records, name="raysim-outputs", daemon=True
+        )
         self._thread.start()
 
     def log_round(self, record: dict[str, Any]) -> None:
@@ -82,7 +83,11 @@ class RunOutputs:
                 if self._writer is not None:
                     step = int(record["round"])
                     for key, value in _flatten(record).items():
-                        if key != "round" and isinstance(value, int | float) and math.isfinite(value):
+                        if (
+                            key != "round"
+                            and isinstance(value, int | float)
+                            and math.isfinite(value)
+                        ):
                             self._writer.add_scalar(key, value, step)
             except BaseException as error:  # surfaced on the next log_round / close
                 self._error = error
@@ -98,13 +103,15 @@ class RunOutputs:
         np.savez(buffer, **arrays)
         _atomic_write_bytes(path, buffer.getvalue())
         checkpoints = sorted(self.checkpoint_dir.glob("round_*.npz"))
-        for old in checkpoints[:-self.keep_checkpoints]:
+        for old in checkpoints[: -self.keep_checkpoints]:
             old.unlink()
         return path
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        _atomic_write_bytes(self.out_dir / "summary.json",
-                            (json.dumps(_json_safe(summary), indent=2) + "\n").encode())
+        _atomic_write_bytes(
+            self.out_dir / "summary.json",
+            (json.dumps(_json_safe(summary), indent=2) + "\n").encode(),
+        )
 
     def close(self) -> None:
         """Write every queued record, then close the files."""

@@ -51,20 +51,59 @@ class Registry:
         """The keyword-only parameters of the factory: the options a config may set."""
         signature = inspect.signature(self.get(name))
         return [
-            p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+            p.name
+            for p in signature.parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
         ]
 
-    def check_options(self, name: str, options: Mapping[str, Any], where: str) -> None:
-        valid = self.option_names(name)
-        for key in options:
-            if key not in valid:
+    def check_options(self, name: str, options: Mapping[str, Any], where: str) -> dict[str, Any]:
+        """Reject unknown options and values of the wrong type; returns the coerced options.
+
+        Types come from the factory's annotations (`float`, `int | None`, `Sequence[int]`, ...);
+        ints are accepted for floats, booleans only where a bool is expected.
+        """
+        parameters = {
+            p.name: p
+            for p in inspect.signature(self.get(name)).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+        checked = {}
+        for key, value in options.items():
+            if key not in parameters:
+                valid = list(parameters)
                 raise ConfigError(
                     f"unknown option '{where}.{key}' for {self.kind} '{name}'"
                     f"{closest(key, valid)}; valid options: {', '.join(valid) or '(none)'}"
                 )
+            checked[key] = _check_value(parameters[key], value, f"{where}.{key}")
+        return checked
 
     def build(self, name: str, *args: Any, **options: Any) -> Any:
         return self.get(name)(*args, **options)
+
+
+def _check_value(parameter: inspect.Parameter, value: Any, key: str) -> Any:
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty:
+        return value
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    allowed = {part.strip().split("[")[0] for part in str(text).split("|")}
+    if value is None and "None" in allowed:
+        return None
+    if isinstance(value, bool):
+        if "bool" in allowed:
+            return value
+    elif "int" in allowed and isinstance(value, int):
+        return value
+    elif "float" in allowed and isinstance(value, int | float):
+        return float(value)
+    elif "str" in allowed and isinstance(value, str):
+        return value
+    elif allowed & {"Sequence", "tuple", "list"} and isinstance(value, list | tuple):
+        return list(value)
+    if not allowed & {"bool", "int", "float", "str", "None", "Sequence", "tuple", "list"}:
+        return value  # an annotation we do not check; the factory validates it
+    raise ConfigError(f"'{key}' expects {text}, got {value!r}")
 
 
 datasets = Registry("dataset")

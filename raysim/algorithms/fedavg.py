@@ -22,26 +22,37 @@ from raysim.metrics import evaluate_classifier
 from raysim.models.vector import build_model, cached_model, get_vector, set_vector
 
 
-def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator,
-              ctx: RunContext, proximal_mu: float = 0.0) -> float:
+def local_sgd(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    generator: torch.Generator,
+    ctx: RunContext,
+    proximal_mu: float = 0.0,
+) -> float:
     """E epochs of minibatch SGD on one client's data; returns the mean training loss.
 
     Batches are shuffled with the client's own generator, so the result depends only on
     (seed, round, client id), never on which worker ran the client.
     """
     clients = ctx.config.clients
-    optimizer = torch.optim.SGD(model.parameters(), lr=clients.lr, momentum=clients.momentum,
-                                weight_decay=clients.weight_decay)
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=clients.lr,
+        momentum=clients.momentum,
+        weight_decay=clients.weight_decay,
+    )
     anchors = [p.detach().clone() for p in model.parameters()] if proximal_mu else None
     loss_sum, steps = 0.0, 0
     for _ in range(clients.local_epochs):
         order = torch.randperm(len(y), generator=generator)
         for start in range(0, len(y), clients.batch_size):
-            batch = order[start:start + clients.batch_size]
+            batch = order[start : start + clients.batch_size]
             loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
             if anchors is not None:
-                proximal = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchors,
-                                                                     strict=True))
+                proximal = sum(
+                    ((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchors, strict=True)
+                )
                 loss = loss + 0.5 * proximal_mu * proximal
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -73,27 +84,46 @@ class _DeltaAveraging:
     def server_payload(self, state: ServerState) -> np.ndarray:
         return state.arrays["params"]
 
-    def client_update(self, payload: np.ndarray, x: torch.Tensor, y: torch.Tensor, client_id: int,
-                      generator: torch.Generator, ctx: RunContext) -> ClientUpdate:
+    def client_update(
+        self,
+        payload: np.ndarray,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        client_id: int,
+        generator: torch.Generator,
+        ctx: RunContext,
+    ) -> ClientUpdate:
         model = cached_model(ctx)
         set_vector(model, payload)
         loss = float("nan")
         if len(y):
             loss = local_sgd(model, x, y, generator, ctx, self.proximal_mu)
         delta = get_vector(model) - payload
-        return ClientUpdate(client_id=client_id, num_samples=len(y), vector=delta,
-                            bytes_up=encoded_nbytes(delta), metrics={"loss": loss})
+        return ClientUpdate(
+            client_id=client_id,
+            num_samples=len(y),
+            vector=delta,
+            bytes_up=encoded_nbytes(delta),
+            metrics={"loss": loss},
+        )
 
-    def server_update(self, state: ServerState, aggregate: np.ndarray, ctx: RunContext) -> ServerState:
+    def server_update(
+        self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
+    ) -> ServerState:
         optimizer = self._server_optimizer(ctx)
-        slots = {k.removeprefix("optimizer."): v for k, v in state.arrays.items()
-                 if k.startswith("optimizer.")}
+        slots = {
+            k.removeprefix("optimizer."): v
+            for k, v in state.arrays.items()
+            if k.startswith("optimizer.")
+        }
         params, slots = optimizer.step(state.arrays["params"], aggregate, slots)
-        return ServerState(state.round + 1,
-                           {"params": params, **{f"optimizer.{k}": v for k, v in slots.items()}})
+        return ServerState(
+            state.round + 1, {"params": params, **{f"optimizer.{k}": v for k, v in slots.items()}}
+        )
 
-    def evaluate(self, state: ServerState, x: np.ndarray, y: np.ndarray,
-                 ctx: RunContext) -> dict[str, float]:
+    def evaluate(
+        self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
+    ) -> dict[str, float]:
         model = cached_model(ctx)
         set_vector(model, state.arrays["params"])
         return evaluate_classifier(model, x, y)

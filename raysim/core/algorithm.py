@@ -38,8 +38,10 @@ class RunContext:
 
     def model_key(self) -> str:
         model = self.config.model
-        return json.dumps([model.name, dict(model.options), list(self.input_shape),
-                           self.num_classes], sort_keys=True)
+        return json.dumps(
+            [model.name, dict(model.options), list(self.input_shape), self.num_classes],
+            sort_keys=True,
+        )
 
 
 class Algorithm(Protocol):
@@ -48,12 +50,22 @@ class Algorithm(Protocol):
     def server_payload(self, state: ServerState) -> Any:
         """What every sampled client receives this round (put in the object store once)."""
 
-    def client_update(self, payload: Any, x: torch.Tensor, y: torch.Tensor, client_id: int,
-                      generator: torch.Generator, ctx: RunContext) -> ClientUpdate:
+    def client_update(
+        self,
+        payload: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        client_id: int,
+        generator: torch.Generator,
+        ctx: RunContext,
+    ) -> ClientUpdate:
         """Local training of one client; pure given its inputs (runs inside a task)."""
 
-    def server_update(self, state: ServerState, aggregate: np.ndarray, ctx: RunContext) -> ServerState:
+    def server_update(
+        self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
+    ) -> ServerState:
         """Apply the aggregated update; returns the next round's state."""
 
-    def evaluate(self, state: ServerState, x: np.ndarray, y: np.ndarray,
-                 ctx: RunContext) -> dict[str, float]: ...
+    def evaluate(
+        self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
+    ) -> dict[str, float]: ...

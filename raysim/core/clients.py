@@ -17,9 +17,17 @@ from raysim.core.sampling import client_generator
 from raysim.core.state import ClientUpdate
 
 
-def train_clients(ctx: RunContext, algorithm, payload, train_x: np.ndarray, train_y: np.ndarray,
-                  indices: np.ndarray, offsets: np.ndarray, round_index: int,
-                  client_ids: Sequence[int]) -> list[ClientUpdate]:
+def train_clients(
+    ctx: RunContext,
+    algorithm,
+    payload,
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    indices: np.ndarray,
+    offsets: np.ndarray,
+    round_index: int,
+    client_ids: Sequence[int],
+) -> list[ClientUpdate]:
     """Run local training for `client_ids` one after another; updates in the same order."""
     previous_threads = torch.get_num_threads()
     if previous_threads != ctx.client_threads:
@@ -29,7 +37,7 @@ def train_clients(ctx: RunContext, algorithm, payload, train_x: np.ndarray, trai
         updates = []
         for client_id in client_ids:
             client_id = int(client_id)
-            rows = indices[offsets[client_id]:offsets[client_id + 1]]
+            rows = indices[offsets[client_id] : offsets[client_id + 1]]
             x = torch.from_numpy(train_x[rows])
             y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))
             generator = client_generator(ctx.seed, round_index, client_id)

@@ -1,11 +1,11 @@
 """THE round loop. Every algorithm and both backends go through this one function.
 
-    for each round:
-        sample clients (seeded by run seed and round)
-        backend.run_round: send the payload, train clients, aggregate, update the server,
-                           evaluate when due
-        log the round (metrics.jsonl, TensorBoard, progress bar)
-        checkpoint when due
+for each round:
+    sample clients (seeded by run seed and round)
+    backend.run_round: send the payload, train clients, aggregate, update the server,
+                       evaluate when due
+    log the round (metrics.jsonl, TensorBoard, progress bar)
+    checkpoint when due
 """
 
 from __future__ import annotations
@@ -35,22 +35,32 @@ class RunResult:
 
 def load_dataset(config: Config) -> Dataset:
     data = config.data
-    return registry.datasets.build(data.name, data.root, purpose_seed(config.run.seed, DATA),
-                                   **data.options)
+    return registry.datasets.build(
+        data.name, data.root, purpose_seed(config.run.seed, DATA), **data.options
+    )
 
 
 def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
     """The client split, read from the parquet cache when `partition.cache_dir` has it."""
     part = config.partition
     compute = lambda: make_split(  # noqa: E731
-        dataset, part.name, part.num_clients, purpose_seed(config.run.seed, PARTITION),
-        alpha=part.alpha, shards_per_client=part.shards_per_client)
+        dataset,
+        part.name,
+        part.num_clients,
+        purpose_seed(config.run.seed, PARTITION),
+        alpha=part.alpha,
+        shards_per_client=part.shards_per_client,
+    )
     if not part.cache_dir:
         return compute()
     from raysim.data.store import load_split, save_split, split_cache_key
 
-    key = split_cache_key(data=config.to_dict()["data"], partition=config.to_dict()["partition"],
-                          seed=config.run.seed, num_train=len(dataset.train_y))
+    key = split_cache_key(
+        data=config.to_dict()["data"],
+        partition=config.to_dict()["partition"],
+        seed=config.run.seed,
+        num_train=len(dataset.train_y),
+    )
     path = Path(part.cache_dir) / f"split_{key}.parquet"
     if path.exists():
         return load_split(path)[0]
@@ -60,8 +70,13 @@ def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
     return split
 
 
-def make_backend(config: Config, ctx: RunContext, dataset: Dataset, split: ClientSplit,
-                 address: str | None = None):
+def make_backend(
+    config: Config,
+    ctx: RunContext,
+    dataset: Dataset,
+    split: ClientSplit,
+    address: str | None = None,
+):
     if config.runtime.backend == "local" and not address:
         from raysim.runtime.local import LocalBackend
 
@@ -71,18 +86,33 @@ def make_backend(config: Config, ctx: RunContext, dataset: Dataset, split: Clien
     return RayBackend(ctx, dataset, split, address=address)
 
 
-def run(config: Config, out_dir: str | Path, *, address: str | None = None,
-        progress: bool = True, tensorboard: bool = True) -> RunResult:
+def run(
+    config: Config,
+    out_dir: str | Path,
+    *,
+    address: str | None = None,
+    progress: bool = True,
+    tensorboard: bool = True,
+) -> RunResult:
     """Run a whole simulation and write its outputs to `out_dir`."""
-    outputs = RunOutputs(out_dir, config, tensorboard=tensorboard)
+    # Data and backend first: bad input fails here, before anything in out_dir is touched.
     dataset = load_dataset(config)
     split = split_clients(config, dataset)
-    ctx = RunContext(config=config, input_shape=tuple(dataset.train_x.shape[1:]),
-                     num_classes=dataset.num_classes)
+    ctx = RunContext(
+        config=config, input_shape=tuple(dataset.train_x.shape[1:]), num_classes=dataset.num_classes
+    )
     backend = make_backend(config, ctx, dataset, split, address)
-    print(f"raysim: {config.algorithm.name} on {dataset.name} ({len(dataset.train_y)} train "
-          f"samples, {split.num_clients} clients, {config.clients.per_round} per round); "
-          f"{backend.describe()}", flush=True)
+    try:
+        outputs = RunOutputs(out_dir, config, tensorboard=tensorboard)
+    except BaseException:
+        backend.shutdown()
+        raise
+    print(
+        f"raysim: {config.algorithm.name} on {dataset.name} ({len(dataset.train_y)} train "
+        f"samples, {split.num_clients} clients, {config.clients.per_round} per round); "
+        f"{backend.describe()}",
+        flush=True,
+    )
     rounds, seed = config.run.rounds, config.run.seed
     bar = None
     if progress:
@@ -97,8 +127,9 @@ def run(config: Config, out_dir: str | Path, *, address: str | None = None,
     try:
         for round_index in range(rounds):
             round_started = time.perf_counter()
-            client_ids = sample_clients(seed, round_index, split.num_clients,
-                                        config.clients.per_round)
+            client_ids = sample_clients(
+                seed, round_index, split.num_clients, config.clients.per_round
+            )
             last = round_index == rounds - 1
             evaluate = last or (round_index + 1) % config.run.eval_every == 0
             stats = backend.run_round(round_index, client_ids, evaluate)
@@ -108,16 +139,25 @@ def run(config: Config, out_dir: str | Path, *, address: str | None = None,
                 totals[key] += getattr(stats, key)
             train_loss = stats.train_loss
             record: dict[str, Any] = {
-                "round": round_index + 1, "wall_s": round_s,
+                "round": round_index + 1,
+                "wall_s": round_s,
                 # since the loop started, at the end of this round's dispatch (differences of
                 # consecutive values include logging and checkpointing of the round before)
-                "elapsed_s": time.perf_counter() - started, "clients": len(client_ids),
-                "clients_done": stats.clients_done, "clients_failed": stats.clients_failed,
-                "bytes_up": stats.bytes_up, "bytes_down": stats.bytes_down,
-                "train_loss": stats.train_loss, "update_norm_mean": stats.update_norm_mean,
+                "elapsed_s": time.perf_counter() - started,
+                "clients": len(client_ids),
+                "clients_done": stats.clients_done,
+                "clients_failed": stats.clients_failed,
+                "bytes_up": stats.bytes_up,
+                "bytes_down": stats.bytes_down,
+                "train_loss": stats.train_loss,
+                "update_norm_mean": stats.update_norm_mean,
                 "tasks": stats.tasks,
-                "time": {"clients_s": stats.clients_s, "client_compute_s": stats.client_compute_s,
-                         "aggregate_s": stats.aggregate_s, "evaluate_s": stats.evaluate_s},
+                "time": {
+                    "clients_s": stats.clients_s,
+                    "client_compute_s": stats.client_compute_s,
+                    "aggregate_s": stats.aggregate_s,
+                    "evaluate_s": stats.evaluate_s,
+                },
             }
             if stats.eval:
                 last_eval = stats.eval
@@ -128,8 +168,10 @@ def run(config: Config, out_dir: str | Path, *, address: str | None = None,
                 outputs.save_checkpoint(backend.get_state())
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix({k: f"{v:.4f}" for k, v in last_eval.items()} |
-                                {"train_loss": f"{train_loss:.4f}"})
+                bar.set_postfix(
+                    {k: f"{v:.4f}" for k, v in last_eval.items()}
+                    | {"train_loss": f"{train_loss:.4f}"}
+                )
         wall_s = time.perf_counter() - started
         state = backend.get_state()
         summary = {

@@ -86,15 +86,20 @@ def _shape_option(key: str, value: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _how_to_obtain(name: str, root: str) -> str:
+    return _FEMNIST_HOW if name == "femnist" else tv.how_to_obtain(name, root)
+
+
 def _require_root(root: str | None, name: str, expected: str) -> str:
     if root is None:
         raise DataError(
-            f"'data.root' must be set for dataset '{name}' (the folder containing {expected})"
+            f"'data.root' must be set for dataset '{name}' (the folder containing {expected}); "
+            f"{_how_to_obtain(name, '<data.root>')}"
         )
     if not os.path.isdir(root):
         raise DataError(
             f"dataset '{name}': data.root {root!r} is not a directory (expected a "
-            f"folder containing {expected})"
+            f"folder containing {expected}); {_how_to_obtain(name, root)}"
         )
     return root
 

@@ -29,7 +29,9 @@ def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]
     return tuple(int(s) for s in input_shape)  # type: ignore[return-value]
 
 
-def mlp(input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] = (128,)) -> nn.Module:
+def mlp(
+    input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] = (128,)
+) -> nn.Module:
     """Fully connected ReLU network on flattened inputs (e.g. digits: 64-128-10)."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = 1
@@ -45,30 +47,38 @@ def mlp(input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] =
 def lenet(input_shape: Sequence[int], num_classes: int) -> nn.Module:
     channels, _, _ = _image_shape(input_shape, "lenet")
     features = nn.Sequential(
-        nn.Conv2d(channels, 32, 3), nn.ReLU(),
-        nn.Conv2d(32, 64, 3), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(),
+        nn.Conv2d(channels, 32, 3),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
     )
     return nn.Sequential(
         features,
-        nn.Linear(_flat_size(features, input_shape), 128), nn.ReLU(),
+        nn.Linear(_flat_size(features, input_shape), 128),
+        nn.ReLU(),
         nn.Linear(128, num_classes),
     )
 
 
-def _conv_net(input_shape: Sequence[int], num_classes: int, widths: Sequence[int], name: str) -> nn.Module:
+def _conv_net(
+    input_shape: Sequence[int], num_classes: int, widths: Sequence[int], name: str
+) -> nn.Module:
     channels, _, _ = _image_shape(input_shape, name)
     layers: list[nn.Module] = []
     for pair_index in range(0, len(widths), 2):
-        for width in widths[pair_index:pair_index + 2]:
+        for width in widths[pair_index : pair_index + 2]:
             layers += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU()]
             channels = width
         layers.append(nn.MaxPool2d(2))
     features = nn.Sequential(*layers, nn.Flatten())
     return nn.Sequential(
         features,
-        nn.Linear(_flat_size(features, input_shape), 256), nn.ReLU(),
-        nn.Linear(256, 256), nn.ReLU(),
+        nn.Linear(_flat_size(features, input_shape), 256),
+        nn.ReLU(),
+        nn.Linear(256, 256),
+        nn.ReLU(),
         nn.Linear(256, num_classes),
     )
 

@@ -25,8 +25,9 @@ def build_model(ctx) -> nn.Module:  # ctx: raysim.core.algorithm.RunContext
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(model_init_seed(ctx.seed))
         try:
-            return registry.models.build(model_config.name, ctx.input_shape, ctx.num_classes,
-                                         **model_config.options)
+            return registry.models.build(
+                model_config.name, ctx.input_shape, ctx.num_classes, **model_config.options
+            )
         except ValueError as error:
             from raysim.errors import ConfigError
 
@@ -52,8 +53,11 @@ def _tensors(model: nn.Module) -> list[torch.Tensor]:
 
 def get_vector(model: nn.Module) -> np.ndarray:
     with torch.no_grad():
-        return torch.cat([t.detach().reshape(-1) for t in _tensors(model)]).numpy().astype(
-            np.float32, copy=True)
+        return (
+            torch.cat([t.detach().reshape(-1) for t in _tensors(model)])
+            .numpy()
+            .astype(np.float32, copy=True)
+        )
 
 
 def vector_size(model: nn.Module) -> int:
@@ -69,7 +73,7 @@ def set_vector(model: nn.Module, vector: np.ndarray) -> None:
     with torch.no_grad():
         for tensor in _tensors(model):
             count = tensor.numel()
-            tensor.copy_(source[offset:offset + count].view_as(tensor))
+            tensor.copy_(source[offset : offset + count].view_as(tensor))
             offset += count
     if offset != source.numel():
         raise ValueError(f"vector has {source.numel()} values, model needs {offset}")

@@ -30,9 +30,17 @@ class LocalBackend:
     def run_round(self, round_index: int, client_ids: np.ndarray, evaluate: bool) -> RoundStats:
         started = time.perf_counter()
         self.server.start_round(len(client_ids))
-        updates = train_clients(self.ctx, self.algorithm, self.server.payload(),
-                                self.dataset.train_x, self.dataset.train_y, self.split.indices,
-                                self.split.offsets, round_index, client_ids)
+        updates = train_clients(
+            self.ctx,
+            self.algorithm,
+            self.server.payload(),
+            self.dataset.train_x,
+            self.dataset.train_y,
+            self.split.indices,
+            self.split.offsets,
+            round_index,
+            client_ids,
+        )
         clients_s = time.perf_counter() - started
         self.server.add(updates)
         stats = self.server.finish_round(evaluate)

@@ -26,7 +26,6 @@ from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
 from raysim.outputs import peak_rss_bytes
 
-
 # Task results up to this size travel inline to their owner (the server actor) instead of
 # through the shared-memory object store: a round of small client updates (e.g. 10 x 38 KB)
 # then costs ~1 ms less. Only applied when raysim starts Ray itself.
@@ -36,8 +35,9 @@ INLINE_RESULT_BYTES = 1 << 20
 INLINE_PAYLOAD_BYTES = 100 * 1024
 
 
-def connect(runtime: RuntimeConfig, address: str | None = None,
-            include_dashboard: bool = True) -> bool:
+def connect(
+    runtime: RuntimeConfig, address: str | None = None, include_dashboard: bool = True
+) -> bool:
     """Join `address` (or runtime.address), or start a local Ray. True if we started it."""
     if ray.is_initialized():
         return False
@@ -45,9 +45,13 @@ def connect(runtime: RuntimeConfig, address: str | None = None,
     if address:
         context = ray.init(address=address, logging_level=logging.WARNING)
     else:
-        context = ray.init(num_cpus=runtime.num_cpus, include_dashboard=include_dashboard,
-                           dashboard_host=runtime.dashboard_host, logging_level=logging.WARNING,
-                           _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES})
+        context = ray.init(
+            num_cpus=runtime.num_cpus,
+            include_dashboard=include_dashboard,
+            dashboard_host=runtime.dashboard_host,
+            logging_level=logging.WARNING,
+            _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
+        )
     url = getattr(context, "dashboard_url", None)
     if url:
         print(f"Ray dashboard: http://{url}", flush=True)
@@ -74,8 +78,9 @@ def _client_task(run_ref: list, payload, round_index: int, client_ids: np.ndarra
     # the bundle; the payload (new every round) is resolved by Ray before the task starts.
     started = time.perf_counter()
     ctx, algorithm, train_x, train_y, indices, offsets = _run_bundle(run_ref[0])
-    updates = train_clients(ctx, algorithm, payload, train_x, train_y, indices, offsets,
-                            round_index, client_ids)
+    updates = train_clients(
+        ctx, algorithm, payload, train_x, train_y, indices, offsets, round_index, client_ids
+    )
     return updates, time.perf_counter() - started
 
 
@@ -87,8 +92,9 @@ class ServerActor:
     and a round costs the driver a single actor call.
     """
 
-    def __init__(self, ctx: RunContext, run_ref: list, test_x: np.ndarray,
-                 test_y: np.ndarray) -> None:
+    def __init__(
+        self, ctx: RunContext, run_ref: list, test_x: np.ndarray, test_y: np.ndarray
+    ) -> None:
         self.server = Server(ctx, test_x, test_y)
         self.run_ref = run_ref
         clients = ctx.config.clients
@@ -103,8 +109,9 @@ class ServerActor:
     def run_round(self, round_index: int, chunks: list[np.ndarray], evaluate: bool) -> RoundStats:
         started = time.perf_counter()
         num_clients = sum(len(chunk) for chunk in chunks)
-        task_refs = [self.task.remote(self.run_ref, self.payload_arg, round_index, chunk)
-                     for chunk in chunks]
+        task_refs = [
+            self.task.remote(self.run_ref, self.payload_arg, round_index, chunk) for chunk in chunks
+        ]
         self.server.start_round(num_clients)
         position = {ref: index for index, ref in enumerate(task_refs)}
         finished: dict[int, list] = {}
@@ -142,15 +149,25 @@ class ServerActor:
 class RayBackend:
     name = "ray"
 
-    def __init__(self, ctx: RunContext, dataset: Dataset, split: ClientSplit,
-                 address: str | None = None) -> None:
+    def __init__(
+        self, ctx: RunContext, dataset: Dataset, split: ClientSplit, address: str | None = None
+    ) -> None:
         self.ctx = ctx
         self.started_ray = connect(ctx.config.runtime, address)
         clients = ctx.config.clients
-        run_ref = ray.put((ctx, build_algorithm(ctx), dataset.train_x, dataset.train_y,
-                           split.indices, split.offsets))
-        self.server = ServerActor.remote(ctx, [run_ref], ray.put(dataset.test_x),
-                                         ray.put(dataset.test_y))
+        run_ref = ray.put(
+            (
+                ctx,
+                build_algorithm(ctx),
+                dataset.train_x,
+                dataset.train_y,
+                split.indices,
+                split.offsets,
+            )
+        )
+        self.server = ServerActor.remote(
+            ctx, [run_ref], ray.put(dataset.test_x), ray.put(dataset.test_y)
+        )
         cpus = ray.cluster_resources().get("CPU", 1.0)
         self.parallel_slots = max(1, int(cpus // clients.num_cpus))
         self.seconds_per_client: float | None = None  # measured, for automatic packing
@@ -182,7 +199,9 @@ class RayBackend:
         if stats.clients_done and self.rounds_run > 1:  # round 1 includes worker start-up
             measured = stats.client_compute_s / stats.clients_done
             previous = self.seconds_per_client
-            self.seconds_per_client = measured if previous is None else 0.7 * previous + 0.3 * measured
+            self.seconds_per_client = (
+                measured if previous is None else 0.7 * previous + 0.3 * measured
+            )
         return stats
 
     def get_state(self) -> ServerState:
@@ -197,8 +216,10 @@ class RayBackend:
     def describe(self) -> str:
         resources = ray.cluster_resources()
         nodes = len([n for n in ray.nodes() if n.get("Alive")])
-        return (f"ray backend: {nodes} node(s), {resources.get('CPU', 0):g} CPUs, "
-                f"{resources.get('GPU', 0):g} GPUs; {self.parallel_slots} client slots")
+        return (
+            f"ray backend: {nodes} node(s), {resources.get('CPU', 0):g} CPUs, "
+            f"{resources.get('GPU', 0):g} GPUs; {self.parallel_slots} client slots"
+        )
 
     def shutdown(self) -> None:
         ray.kill(self.server)

@@ -1,0 +1,63 @@
+"""Shared test helpers: the example config, the CLI in a subprocess, one Ray session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DIGITS_CONFIG = REPO_ROOT / "configs" / "fedavg_digits.yaml"
+
+
+@pytest.fixture(scope="session")
+def digits_config_path() -> Path:
+    """configs/fedavg_digits.yaml: FedAvg, MLP 64-128-10, 100 Dirichlet(0.5) clients, 10 a round."""
+    return DIGITS_CONFIG
+
+
+@pytest.fixture(scope="session")
+def digits_config() -> Callable[..., object]:
+    """Load the digits example with `--set` style overrides; local backend unless overridden."""
+    from raysim import config
+
+    def load(*overrides: str, backend: str = "local"):
+        return config.load(DIGITS_CONFIG, [f"runtime.backend={backend}", *overrides])
+
+    return load
+
+
+def _run_cli(args: Sequence[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    # RAY_ADDRESS="": a subprocess must start its own Ray, never join the test session's.
+    env = dict(os.environ, RAY_ADDRESS="", PYTHONWARNINGS="ignore")
+    return subprocess.run(
+        [sys.executable, "-m", "raysim.cli", *map(str, args)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def run_cli() -> Callable[..., subprocess.CompletedProcess]:
+    """Run `python -m raysim.cli ARGS...` in a subprocess; returns the CompletedProcess."""
+    return _run_cli
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray (2 CPUs) shared by every integration test; shut down at the end."""
+    ray = pytest.importorskip("ray")
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()

@@ -1,0 +1,124 @@
+"""Aggregators: exact values on hand-computed vectors; streaming == batch, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raysim import registry
+from raysim.core.aggregators import LinearAccumulator, Mean, WeightedMean, mean, weighted_mean
+from raysim.core.state import ClientUpdate
+
+
+def _update(client_id: int, num_samples: int, vector) -> ClientUpdate:
+    vector = np.asarray(vector, dtype=np.float32)
+    return ClientUpdate(
+        client_id=client_id, num_samples=num_samples, vector=vector, bytes_up=vector.nbytes
+    )
+
+
+def test_mean_hand_computed():
+    vectors = [
+        np.array([1.0, 2.0, -4.0], np.float32),
+        np.array([3.0, 6.0, 0.0], np.float32),
+        np.array([5.0, -2.0, 1.0], np.float32),
+    ]
+    result = mean(vectors)
+    assert result.dtype == np.float32
+    np.testing.assert_array_equal(result, np.array([3.0, 2.0, -1.0], np.float32))
+
+
+def test_weighted_mean_hand_computed():
+    vectors = [np.array([1.0, 2.0], np.float32), np.array([3.0, 6.0], np.float32)]
+    # (1*1 + 3*3) / 4 = 2.5 and (1*2 + 3*6) / 4 = 5
+    np.testing.assert_array_equal(weighted_mean(vectors, [1, 3]), np.array([2.5, 5.0], np.float32))
+    # a zero weight drops a client; weights need not be integers
+    np.testing.assert_array_equal(weighted_mean(vectors, [0.0, 0.5]), vectors[1])
+    np.testing.assert_array_equal(
+        weighted_mean(vectors, [0.25, 0.25]), np.array([2.0, 4.0], np.float32)
+    )
+
+
+def test_weighted_mean_is_computed_in_float64():
+    # 2^24 + 1 is not a float32; a float32 running sum would lose the 1.
+    vectors = [
+        np.array([2.0**24], np.float32),
+        np.array([1.0], np.float32),
+        np.array([-(2.0**24)], np.float32),
+    ]
+    assert mean(vectors)[0] == np.float32(1 / 3)
+
+
+def test_streaming_accumulator_equals_pure_function_bit_for_bit():
+    rng = np.random.default_rng(1234)
+    for trial in range(20):
+        count = int(rng.integers(1, 12))
+        size = int(rng.integers(1, 500))
+        vectors = [
+            (rng.standard_normal(size) * 10.0 ** rng.integers(-4, 4)).astype(np.float32)
+            for _ in range(count)
+        ]
+        weights = rng.integers(1, 200, size=count).astype(float)
+        accumulator = LinearAccumulator()
+        # fold in as the server does: updates arrive in chunks (one per task), client-id order
+        cuts = sorted({*rng.choice(np.arange(1, count + 1), size=min(count, 3)).tolist(), count})
+        start = 0
+        for stop in cuts:
+            for vector, weight in zip(vectors[start:stop], weights[start:stop], strict=True):
+                accumulator.add(vector, weight)
+            start = stop
+        streamed = accumulator.result()
+        batch = weighted_mean(vectors, weights)
+        assert accumulator.count == count and accumulator.weight_sum == weights.sum()
+        assert streamed.dtype == batch.dtype == np.float32
+        assert streamed.tobytes() == batch.tobytes(), f"trial {trial}"
+        # and both agree with an independent float64 reference (to float32 rounding)
+        reference = np.average(np.stack(vectors).astype(np.float64), axis=0, weights=weights)
+        np.testing.assert_allclose(batch, reference, rtol=1e-6, atol=1e-6 * np.abs(reference).max())
+
+
+def test_weighted_mean_class_weights_by_num_samples():
+    updates = [_update(0, 10, [1.0, 0.0]), _update(3, 30, [0.0, 1.0]), _update(7, 60, [2.0, 2.0])]
+    aggregator = WeightedMean()
+    assert aggregator.linear is True
+    assert [aggregator.weight(u) for u in updates] == [10.0, 30.0, 60.0]
+    # (10*1 + 60*2) / 100 = 1.3, (30*1 + 60*2) / 100 = 1.5
+    np.testing.assert_array_equal(aggregator.aggregate(updates), np.array([1.3, 1.5], np.float32))
+    uniform = Mean()
+    assert uniform.linear is True and [uniform.weight(u) for u in updates] == [1.0, 1.0, 1.0]
+    np.testing.assert_array_equal(uniform.aggregate(updates), np.array([1.0, 1.0], np.float32))
+
+
+def test_aggregator_classes_equal_streaming_fold():
+    rng = np.random.default_rng(7)
+    updates = [
+        _update(i, int(n), rng.standard_normal(64))
+        for i, n in enumerate(rng.integers(1, 50, size=9))
+    ]
+    for aggregator in (WeightedMean(), Mean()):
+        accumulator = LinearAccumulator()
+        for update in updates:
+            accumulator.add(update.vector, aggregator.weight(update))
+        assert accumulator.result().tobytes() == aggregator.aggregate(updates).tobytes()
+
+
+def test_registry_builds_the_aggregators():
+    assert isinstance(registry.aggregators.build("mean"), Mean)
+    assert isinstance(registry.aggregators.build("weighted_mean"), WeightedMean)
+
+
+def test_zero_total_weight_raises():
+    vector = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match="no client update with positive weight"):
+        weighted_mean([vector, vector], [0, 0])
+    with pytest.raises(ValueError, match="no client update with positive weight"):
+        mean([])
+    with pytest.raises(ValueError, match="no client update with positive weight"):
+        WeightedMean().aggregate([_update(0, 0, [1.0]), _update(1, 0, [2.0])])
+    with pytest.raises(ValueError, match="no client update with positive weight"):
+        LinearAccumulator().result()
+
+
+def test_mismatched_weights_raise():
+    with pytest.raises(ValueError, match="2 vectors but 1 weights"):
+        weighted_mean([np.zeros(2, np.float32)] * 2, [1.0])

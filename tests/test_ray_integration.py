@@ -1,0 +1,125 @@
+"""Ray backend: same config and seed => the same global model as the local backend, bit for bit,
+whatever the task packing or the number of CPUs.
+
+In-process tests share the session's Ray (`ray_session`, 2 CPUs); `run()` reuses it and leaves
+it running. The CLI test starts its own Ray in each subprocess.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from raysim.core.loop import run
+from raysim.outputs import load_checkpoint
+
+pytestmark = pytest.mark.ray
+
+ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def local_reference(digits_config, tmp_path_factory):
+    """The local backend's 3-round run: what every Ray run must reproduce exactly."""
+    return run(
+        digits_config(f"run.rounds={ROUNDS}"),
+        tmp_path_factory.mktemp("local"),
+        progress=False,
+        tensorboard=False,
+    )
+
+
+def _assert_same_run(result, reference) -> None:
+    assert result.state.round == reference.state.round == ROUNDS
+    assert set(result.state.arrays) == set(reference.state.arrays)
+    for name, value in reference.state.arrays.items():
+        assert result.state.arrays[name].tobytes() == value.tobytes(), name
+
+
+def test_cli_runs_with_one_and_two_cpus_match_local(
+    run_cli, digits_config_path, tmp_path, local_reference
+):
+    """Each subprocess starts its own Ray (1 or 2 CPUs); final checkpoints equal local's."""
+    for num_cpus in (1, 2):
+        out = tmp_path / f"cpus{num_cpus}"
+        result = run_cli(
+            [
+                "run",
+                digits_config_path,
+                "--out",
+                out,
+                "--no-progress",
+                "--set",
+                "runtime.backend=ray",
+                "--set",
+                f"run.rounds={ROUNDS}",
+                "--set",
+                f"runtime.num_cpus={num_cpus}",
+            ]
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert re.search(rf"\b{num_cpus} CPUs\b", result.stdout), result.stdout  # Ray got N CPUs
+        assert f"done: {ROUNDS} rounds" in result.stdout
+        state, meta = load_checkpoint(out / "checkpoints" / f"round_{ROUNDS:06d}.npz")
+        assert meta["round"] == ROUNDS
+        assert state.arrays["params"].tobytes() == local_reference.state.arrays["params"].tobytes()
+
+
+def test_ray_run_matches_local_bit_for_bit(ray_session, digits_config, tmp_path, local_reference):
+    result = run(
+        digits_config(f"run.rounds={ROUNDS}", backend="ray"),
+        tmp_path,
+        progress=False,
+        tensorboard=False,
+    )
+    assert ray_session.is_initialized()  # run() reuses the session's Ray and leaves it running
+    assert result.summary["backend"] == "ray"
+    _assert_same_run(result, local_reference)
+    for key in ("bytes_up", "bytes_down", "clients_done", "clients_failed"):
+        assert result.summary[key] == local_reference.summary[key], key
+    assert result.summary["bytes_down"] == ROUNDS * 10 * 4 * 9610
+    # client losses are computed by the same deterministic clients and reduced in id order
+    assert result.summary["final"]["train_loss"] == local_reference.summary["final"]["train_loss"]
+    assert result.summary["final"]["accuracy"] > 0.3
+    state, _ = load_checkpoint(tmp_path / "checkpoints" / f"round_{ROUNDS:06d}.npz")
+    assert state.arrays["params"].tobytes() == local_reference.state.arrays["params"].tobytes()
+
+
+@pytest.mark.parametrize("per_task", [1, 3, "auto"])
+def test_task_packing_does_not_change_the_result(
+    ray_session, digits_config, tmp_path, local_reference, per_task
+):
+    result = run(
+        digits_config(f"run.rounds={ROUNDS}", f"clients.per_task={per_task}", backend="ray"),
+        tmp_path,
+        progress=False,
+        tensorboard=False,
+    )
+    _assert_same_run(result, local_reference)
+
+
+def test_ray_server_optimizer_state_matches_local(ray_session, digits_config, tmp_path):
+    """Server-optimizer slots live in the server actor; they too must match local exactly."""
+    overrides = (
+        f"run.rounds={ROUNDS}",
+        "server.optimizer=adam",
+        "server.lr=0.03",
+        "clients.per_task=2",
+    )
+    local = run(digits_config(*overrides), tmp_path / "local", progress=False, tensorboard=False)
+    remote = run(
+        digits_config(*overrides, backend="ray"),
+        tmp_path / "ray",
+        progress=False,
+        tensorboard=False,
+    )
+    assert set(remote.state.arrays) == {
+        "params",
+        "optimizer.first_moment",
+        "optimizer.second_moment",
+    }
+    for name, value in local.state.arrays.items():
+        assert remote.state.arrays[name].tobytes() == value.tobytes(), name
+    assert not np.array_equal(remote.state.arrays["optimizer.first_moment"], 0)
