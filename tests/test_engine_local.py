@@ -293,3 +293,21 @@ def test_partition_cli_matches_the_split_the_run_uses(run_cli, digits_config_pat
         assert [int(c) for c in counts.split()] == expected.tolist()
     assert f"client size: min {sizes.min()}  median {np.median(sizes):g}" in result.stdout
     assert result.stdout.rstrip().endswith("... 95 more clients not shown")
+
+
+def test_partition_cache_is_written_once_and_reused(digits_config, tmp_path):
+    from raysim.core.loop import load_dataset, split_clients
+
+    cfg = digits_config(f"partition.cache_dir={tmp_path / 'cache'}")
+    dataset = load_dataset(cfg)
+    first = split_clients(cfg, dataset)
+    files = list((tmp_path / "cache").glob("split_*.parquet"))
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+    second = split_clients(cfg, dataset)  # read back from the parquet file
+    assert files[0].stat().st_mtime_ns == stamp
+    assert np.array_equal(first.indices, second.indices)
+    assert np.array_equal(first.offsets, second.offsets)
+    other = split_clients(cfg.replace(partition__alpha=5.0), dataset)  # another key, another file
+    assert len(list((tmp_path / "cache").glob("split_*.parquet"))) == 2
+    assert not np.array_equal(first.offsets, other.offsets)

@@ -69,11 +69,13 @@ def set_vector(model: nn.Module, vector: np.ndarray) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only numpy view: we only read it
         source = torch.from_numpy(np.asarray(vector, dtype=np.float32))
+    tensors = _tensors(model)
+    needed = sum(t.numel() for t in tensors)
+    if source.numel() != needed:
+        raise ValueError(f"vector has {source.numel()} values, model needs {needed}")
     offset = 0
     with torch.no_grad():
-        for tensor in _tensors(model):
+        for tensor in tensors:
             count = tensor.numel()
             tensor.copy_(source[offset : offset + count].view_as(tensor))
             offset += count
-    if offset != source.numel():
-        raise ValueError(f"vector has {source.numel()} values, model needs {offset}")
