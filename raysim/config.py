@@ -69,6 +69,16 @@ class PluginConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AttackConfig:
+    """Malicious clients: the lowest `fraction * num_clients` ids run attack `name`."""
+
+    name: str = "none"
+    fraction: float = 0.0
+    redraw_majority: bool = True  # redraw rounds where >= half the sampled clients are malicious
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerConfig:
     """Server optimizer applied to the aggregated client delta (FedOpt, Reddi et al. 2021).
 
@@ -99,7 +109,8 @@ class Config:
     clients: ClientsConfig = field(default_factory=ClientsConfig)
     model: PluginConfig = field(default_factory=lambda: PluginConfig(name="mlp"))
     algorithm: PluginConfig = field(default_factory=lambda: PluginConfig(name="fedavg"))
-    aggregator: PluginConfig = field(default_factory=lambda: PluginConfig(name="weighted_mean"))
+    aggregator: PluginConfig = field(default_factory=lambda: PluginConfig(name="auto"))
+    attack: AttackConfig = field(default_factory=AttackConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
@@ -155,7 +166,8 @@ _PLUGIN_SECTIONS: dict[str, tuple[registry.Registry, str]] = {
     "data": (registry.datasets, "digits"),
     "model": (registry.models, "mlp"),
     "algorithm": (registry.algorithms, "fedavg"),
-    "aggregator": (registry.aggregators, "weighted_mean"),
+    "aggregator": (registry.aggregators, "auto"),
+    "attack": (registry.attacks, "none"),
 }
 _SECTION_TYPES = {f.name: f for f in dataclasses.fields(Config)}
 
@@ -225,7 +237,23 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
         name = values.pop("name", default_name)
         if not isinstance(name, str):
             raise ConfigError(f"{source}: '{section_name}.name' must be a string, got {name!r}")
+        if section_type is PluginConfig and section_name == "aggregator" and name == "auto":
+            if values:
+                raise ConfigError(
+                    f"{source}: 'aggregator.name: auto' takes no options; "
+                    f"name an aggregator to set {', '.join(values)}"
+                )
+            return PluginConfig(name="auto", options={})
         reg.get(name)  # unknown name -> ConfigError listing the choices
+        if section_type is AttackConfig:
+            fixed = {f.name: f for f in dataclasses.fields(AttackConfig)}
+            kwargs = {
+                key: _coerce(values.pop(key), fixed[key].type, f"attack.{key}", source)
+                for key in ("fraction", "redraw_majority")
+                if key in values
+            }
+            options = reg.check_options(name, values, section_name)
+            return AttackConfig(name=name, options=options, **kwargs)
         if section_type is DataConfig:
             root = values.pop("root", None)
             if root is not None and not isinstance(root, str):
@@ -259,6 +287,7 @@ _TYPE_NAMES = {
     "PluginConfig": PluginConfig,
     "ServerConfig": ServerConfig,
     "RuntimeConfig": RuntimeConfig,
+    "AttackConfig": AttackConfig,
 }
 
 
@@ -325,6 +354,7 @@ def _validate(config: Config, source: str) -> None:
     )
     require(clients.num_cpus > 0, "clients.num_cpus", "> 0", clients.num_cpus)
     require(clients.num_gpus >= 0, "clients.num_gpus", ">= 0", clients.num_gpus)
+    require(0 <= config.attack.fraction < 1, "attack.fraction", "in [0, 1)", config.attack.fraction)
     registry.server_optimizers.get(config.server.optimizer)
     require(config.server.lr > 0, "server.lr", "> 0", config.server.lr)
     require(0 <= config.server.momentum < 1, "server.momentum", "in [0, 1)", config.server.momentum)

@@ -112,6 +112,7 @@ models = Registry("model")
 algorithms = Registry("algorithm")
 aggregators = Registry("aggregator")
 server_optimizers = Registry("server optimizer")
+attacks = Registry("attack")
 
 # --- built-in plug-ins -------------------------------------------------------------------------
 for _name in ("digits", "synthetic_classification", "mnist", "cifar10", "cifar100", "femnist"):
@@ -124,5 +125,7 @@ algorithms.register("fedavg", "raysim.algorithms.fedavg:FedAvg")
 algorithms.register("fedprox", "raysim.algorithms.fedavg:FedProx")
 aggregators.register("mean", "raysim.core.aggregators:Mean")
 aggregators.register("weighted_mean", "raysim.core.aggregators:WeightedMean")
+aggregators.register("sum", "raysim.core.aggregators:Sum")
+attacks.register("none", "raysim.attacks:no_attack")
 for _name in ("sgd", "adagrad", "adam"):
     server_optimizers.register(_name, f"raysim.core.server_optimizers:{_name}")

@@ -6,15 +6,19 @@ import numpy as np
 import pytest
 
 from raysim import registry
-from raysim.core.aggregators import LinearAccumulator, Mean, WeightedMean, mean, weighted_mean
-from raysim.core.state import ClientUpdate
+from raysim.core.aggregators import (
+    LinearAccumulator,
+    Mean,
+    Sum,
+    WeightedMean,
+    mean,
+    total,
+    weighted_mean,
+)
 
 
-def _update(client_id: int, num_samples: int, vector) -> ClientUpdate:
-    vector = np.asarray(vector, dtype=np.float32)
-    return ClientUpdate(
-        client_id=client_id, num_samples=num_samples, vector=vector, bytes_up=vector.nbytes
-    )
+def _vectors(*rows) -> list[np.ndarray]:
+    return [np.asarray(row, dtype=np.float32) for row in rows]
 
 
 def test_mean_hand_computed():
@@ -78,28 +82,43 @@ def test_streaming_accumulator_equals_pure_function_bit_for_bit():
 
 
 def test_weighted_mean_class_weights_by_num_samples():
-    updates = [_update(0, 10, [1.0, 0.0]), _update(3, 30, [0.0, 1.0]), _update(7, 60, [2.0, 2.0])]
+    vectors = _vectors([1.0, 0.0], [0.0, 1.0], [2.0, 2.0])
+    samples = [10, 30, 60]
     aggregator = WeightedMean()
     assert aggregator.linear is True
-    assert [aggregator.weight(u) for u in updates] == [10.0, 30.0, 60.0]
+    assert [aggregator.weight(n) for n in samples] == [10.0, 30.0, 60.0]
     # (10*1 + 60*2) / 100 = 1.3, (30*1 + 60*2) / 100 = 1.5
-    np.testing.assert_array_equal(aggregator.aggregate(updates), np.array([1.3, 1.5], np.float32))
+    np.testing.assert_array_equal(
+        aggregator.aggregate(vectors, samples), np.array([1.3, 1.5], np.float32)
+    )
     uniform = Mean()
-    assert uniform.linear is True and [uniform.weight(u) for u in updates] == [1.0, 1.0, 1.0]
-    np.testing.assert_array_equal(uniform.aggregate(updates), np.array([1.0, 1.0], np.float32))
+    assert uniform.linear is True and [uniform.weight(n) for n in samples] == [1.0, 1.0, 1.0]
+    np.testing.assert_array_equal(
+        uniform.aggregate(vectors, samples), np.array([1.0, 1.0], np.float32)
+    )
 
 
 def test_aggregator_classes_equal_streaming_fold():
     rng = np.random.default_rng(7)
-    updates = [
-        _update(i, int(n), rng.standard_normal(64))
-        for i, n in enumerate(rng.integers(1, 50, size=9))
-    ]
+    vectors = [rng.standard_normal(64).astype(np.float32) for _ in range(9)]
+    samples = [int(n) for n in rng.integers(1, 50, size=9)]
     for aggregator in (WeightedMean(), Mean()):
         accumulator = LinearAccumulator()
-        for update in updates:
-            accumulator.add(update.vector, aggregator.weight(update))
-        assert accumulator.result().tobytes() == aggregator.aggregate(updates).tobytes()
+        for vector, n in zip(vectors, samples, strict=True):
+            accumulator.add(vector, aggregator.weight(n))
+        assert accumulator.result().tobytes() == aggregator.aggregate(vectors, samples).tobytes()
+
+
+def test_integer_sums_are_exact_and_independent_of_grouping():
+    rng = np.random.default_rng(3)
+    vectors = [rng.permutation(1000).astype(np.int32) for _ in range(7)]
+    whole = total(vectors)
+    assert whole.dtype == np.int64
+    np.testing.assert_array_equal(whole, np.sum(np.stack(vectors).astype(np.int64), axis=0))
+    # any grouping (as tasks that pre-sum their clients would make) gives the same integers
+    regrouped = total([total(vectors[:3]), total(vectors[3:])])
+    assert regrouped.tobytes() == whole.tobytes()
+    assert Sum().aggregate(vectors, [5] * 7).tobytes() == whole.tobytes()  # unweighted
 
 
 def test_registry_builds_the_aggregators():
@@ -114,7 +133,7 @@ def test_zero_total_weight_raises():
     with pytest.raises(ValueError, match="no client update with positive weight"):
         mean([])
     with pytest.raises(ValueError, match="no client update with positive weight"):
-        WeightedMean().aggregate([_update(0, 0, [1.0]), _update(1, 0, [2.0])])
+        WeightedMean().aggregate(_vectors([1.0], [2.0]), [0, 0])
     with pytest.raises(ValueError, match="no client update with positive weight"):
         LinearAccumulator().result()
 

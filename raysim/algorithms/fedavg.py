@@ -16,7 +16,6 @@ from torch import nn
 
 from raysim import registry
 from raysim.core.algorithm import RunContext
-from raysim.core.payload import encoded_nbytes
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.metrics import evaluate_classifier
 from raysim.models.vector import build_model, cached_model, get_vector, set_vector
@@ -65,6 +64,8 @@ def local_sgd(
 class _DeltaAveraging:
     """Shared by FedAvg and FedProx: dense float32 weights down, dense deltas up."""
 
+    default_aggregator = "weighted_mean"
+
     def __init__(self, proximal_mu: float) -> None:
         if proximal_mu < 0:
             from raysim.errors import ConfigError
@@ -102,10 +103,12 @@ class _DeltaAveraging:
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
-            vector=delta,
-            bytes_up=encoded_nbytes(delta),
+            message=delta,
             metrics={"loss": loss},
         )
+
+    def decode_update(self, message: np.ndarray, ctx: RunContext) -> np.ndarray:
+        return message  # dense float32 on the wire already
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext

@@ -1,9 +1,14 @@
-"""Aggregators: pure functions from the round's client updates to one update.
+"""Aggregators: pure functions from the round's decoded client updates to one vector.
 
-Linear aggregators (mean, weighted mean) also come as a streaming accumulator so the server can
-fold updates in as they arrive and hold O(model) memory instead of O(clients x model). The pure
-function is defined as the fold over that same accumulator, so streaming and batch aggregation
-give bit-identical results (summation in client-id order, float64 accumulator).
+An aggregator sees only dense vectors (the algorithm decodes what clients sent), their weights
+(number of training samples) and the round's facts (`RoundInfo`, e.g. how many sampled clients
+are malicious, which robust aggregators such as Multi-Krum are granted, as in the FRL paper).
+
+Linear aggregators (mean, weighted mean, sum) also come as a streaming accumulator so the server
+can fold updates in as they arrive and hold O(model) memory instead of O(clients x model). The
+pure functions are defined as the fold over that same accumulator, so streaming and batch
+aggregation give bit-identical results (client-id order; float64 for floats, exact int64 for
+integer updates such as FRL's rank positions or SignSGD's signs).
 Non-linear aggregators (trimmed mean, median, Multi-Krum) receive all updates of the round.
 """
 
@@ -13,38 +18,55 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from raysim.core.state import ClientUpdate
+from raysim.core.state import RoundInfo
 
 
 class LinearAccumulator:
-    """Running sum of weight * vector in float64, folded in the order updates are added."""
+    """Running sum of weight * vector, folded in the order updates are added.
 
-    def __init__(self) -> None:
+    Float vectors accumulate in float64; integer vectors (with integer weights) in int64, which
+    is exact, so any grouping of the sum gives the same result.
+    """
+
+    def __init__(self, normalize: bool = True) -> None:
+        self.normalize = normalize
         self.total: np.ndarray | None = None
         self.weight_sum = 0.0
         self.count = 0
 
     def add(self, vector: np.ndarray, weight: float) -> None:
+        integer = np.issubdtype(vector.dtype, np.integer) and float(weight).is_integer()
         if self.total is None:
-            self.total = np.zeros(vector.shape, dtype=np.float64)
-        self.total += float(weight) * vector.astype(np.float64, copy=False)
+            self.total = np.zeros(vector.shape, dtype=np.int64 if integer else np.float64)
+        if self.total.dtype == np.int64 and integer:
+            self.total += int(weight) * vector.astype(np.int64, copy=False)
+        else:
+            if self.total.dtype == np.int64:
+                self.total = self.total.astype(np.float64)
+            self.total += float(weight) * vector.astype(np.float64, copy=False)
         self.weight_sum += float(weight)
         self.count += 1
 
     def result(self) -> np.ndarray:
-        if self.total is None or self.weight_sum <= 0:
+        if self.total is None or (self.normalize and self.weight_sum <= 0):
             raise ValueError("no client update with positive weight was aggregated this round")
+        if not self.normalize:
+            return self.total.copy()
         return (self.total / self.weight_sum).astype(np.float32)
+
+
+def _fold(vectors: Sequence[np.ndarray], weights: Sequence[float], normalize: bool) -> np.ndarray:
+    if len(vectors) != len(weights):
+        raise ValueError(f"{len(vectors)} vectors but {len(weights)} weights")
+    accumulator = LinearAccumulator(normalize)
+    for vector, weight in zip(vectors, weights, strict=True):
+        accumulator.add(vector, weight)
+    return accumulator.result()
 
 
 def weighted_mean(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
     """sum_i w_i v_i / sum_i w_i, accumulated in the given order."""
-    if len(vectors) != len(weights):
-        raise ValueError(f"{len(vectors)} vectors but {len(weights)} weights")
-    accumulator = LinearAccumulator()
-    for vector, weight in zip(vectors, weights, strict=True):
-        accumulator.add(vector, weight)
-    return accumulator.result()
+    return _fold(vectors, weights, normalize=True)
 
 
 def mean(vectors: Sequence[np.ndarray]) -> np.ndarray:
@@ -52,25 +74,41 @@ def mean(vectors: Sequence[np.ndarray]) -> np.ndarray:
     return weighted_mean(vectors, [1.0] * len(vectors))
 
 
-class Mean:
-    """Uniform averaging of client updates."""
+def total(vectors: Sequence[np.ndarray]) -> np.ndarray:
+    """Plain sum (int64 for integer vectors): FRL's vote, SignSGD's majority count."""
+    return _fold(vectors, [1] * len(vectors), normalize=False)
+
+
+class LinearAggregator:
+    """Base of the streaming aggregators: weight per update, optional normalisation."""
 
     linear = True
+    normalize = True
 
-    def weight(self, update: ClientUpdate) -> float:
+    def weight(self, num_samples: int) -> float:
         return 1.0
 
-    def aggregate(self, updates: Sequence[ClientUpdate]) -> np.ndarray:
-        return mean([u.vector for u in updates])
+    def aggregate(
+        self, vectors: Sequence[np.ndarray], weights: Sequence[float], info: RoundInfo | None = None
+    ) -> np.ndarray:
+        return _fold(vectors, [self.weight(int(w)) for w in weights], self.normalize)
 
 
-class WeightedMean:
+class Mean(LinearAggregator):
+    """Uniform averaging of client updates."""
+
+
+class WeightedMean(LinearAggregator):
     """FedAvg's average, each client weighted by its number of training samples."""
 
-    linear = True
+    def weight(self, num_samples: int) -> float:
+        return float(num_samples)
 
-    def weight(self, update: ClientUpdate) -> float:
-        return float(update.num_samples)
 
-    def aggregate(self, updates: Sequence[ClientUpdate]) -> np.ndarray:
-        return weighted_mean([u.vector for u in updates], [self.weight(u) for u in updates])
+class Sum(LinearAggregator):
+    """Sum of the updates, unweighted and not normalised (exact for integer updates)."""
+
+    normalize = False
+
+    def weight(self, num_samples: int) -> int:  # type: ignore[override]
+        return 1

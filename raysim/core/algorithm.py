@@ -45,6 +45,10 @@ class RunContext:
 
 
 class Algorithm(Protocol):
+    # Aggregator used when the config says `aggregator.name: auto` (e.g. FedAvg:
+    # 'weighted_mean'; FRL: 'sum', the vote over rank positions).
+    default_aggregator: str
+
     def init_server(self, ctx: RunContext) -> ServerState: ...
 
     def server_payload(self, state: ServerState) -> Any:
@@ -60,6 +64,9 @@ class Algorithm(Protocol):
         ctx: RunContext,
     ) -> ClientUpdate:
         """Local training of one client; pure given its inputs (runs inside a task)."""
+
+    def decode_update(self, message: Any, ctx: RunContext) -> np.ndarray:
+        """The dense vector the aggregator sees for one client's message (server side)."""
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext

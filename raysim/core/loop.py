@@ -20,7 +20,7 @@ from raysim import registry
 from raysim.config import Config
 from raysim.core.algorithm import RunContext
 from raysim.core.sampling import DATA, PARTITION, purpose_seed, sample_clients
-from raysim.core.state import ServerState
+from raysim.core.state import RoundInfo, ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit, make_split
 from raysim.outputs import RunOutputs, peak_rss_bytes
@@ -114,6 +114,10 @@ def run(
         flush=True,
     )
     rounds, seed = config.run.rounds, config.run.seed
+    # Malicious clients are the lowest ids (none unless an attack is configured).
+    malicious_below = 0
+    if config.attack.name != "none":
+        malicious_below = int(config.attack.fraction * split.num_clients)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -128,11 +132,17 @@ def run(
         for round_index in range(rounds):
             round_started = time.perf_counter()
             client_ids = sample_clients(
-                seed, round_index, split.num_clients, config.clients.per_round
+                seed,
+                round_index,
+                split.num_clients,
+                config.clients.per_round,
+                malicious_below,
+                config.attack.redraw_majority,
             )
+            info = RoundInfo(round_index, client_ids, malicious_below)
             last = round_index == rounds - 1
             evaluate = last or (round_index + 1) % config.run.eval_every == 0
-            stats = backend.run_round(round_index, client_ids, evaluate)
+            stats = backend.run_round(info, evaluate)
             round_s = time.perf_counter() - round_started
             round_times.append(round_s)
             for key in totals:
@@ -145,6 +155,7 @@ def run(
                 # consecutive values include logging and checkpointing of the round before)
                 "elapsed_s": time.perf_counter() - started,
                 "clients": len(client_ids),
+                "malicious": info.num_malicious,
                 "clients_done": stats.clients_done,
                 "clients_failed": stats.clients_failed,
                 "bytes_up": stats.bytes_up,

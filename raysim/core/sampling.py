@@ -14,15 +14,39 @@ import torch
 _SAMPLING, _CLIENT, _MODEL_INIT = 1, 2, 3
 
 
-def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> np.ndarray:
+def sample_clients(
+    seed: int,
+    round_index: int,
+    num_clients: int,
+    per_round: int,
+    malicious_below: int = 0,
+    redraw_majority: bool = False,
+) -> np.ndarray:
     """The round's clients, drawn without replacement, in ascending id order.
 
     Ascending order fixes the reduction order (client-id order) for the whole engine. The cost
     is O(per_round), not O(num_clients), so a million registered clients cost nothing extra.
+    With `redraw_majority`, a draw in which at least half the clients are malicious (ids below
+    `malicious_below`) is replaced by a fresh one, as in the FRL paper's code.
     """
     if per_round > num_clients:
         raise ValueError(f"cannot sample {per_round} clients out of {num_clients}")
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _SAMPLING, round_index]))
+    for attempt in range(10_000):
+        ids = _draw(seed, round_index, attempt, num_clients, per_round)
+        malicious = int(np.searchsorted(ids, malicious_below))
+        if not redraw_majority or 2 * malicious < per_round:
+            return ids
+    raise ValueError(
+        f"could not draw {per_round} clients with fewer than half malicious "
+        f"({malicious_below} of {num_clients} are malicious)"
+    )
+
+
+def _draw(
+    seed: int, round_index: int, attempt: int, num_clients: int, per_round: int
+) -> np.ndarray:
+    words = [seed, _SAMPLING, round_index] + ([attempt] if attempt else [])
+    rng = np.random.default_rng(np.random.SeedSequence(words))
     if per_round * 50 < num_clients:
         # Floyd's algorithm over a set: O(per_round) memory and time.
         chosen: set[int] = set()

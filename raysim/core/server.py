@@ -17,7 +17,7 @@ from raysim import registry
 from raysim.core.aggregators import LinearAccumulator
 from raysim.core.algorithm import RunContext
 from raysim.core.payload import encoded_nbytes
-from raysim.core.state import ClientUpdate, RoundStats, ServerState
+from raysim.core.state import ClientUpdate, RoundInfo, RoundStats, ServerState
 
 
 def build_algorithm(ctx: RunContext):
@@ -25,19 +25,33 @@ def build_algorithm(ctx: RunContext):
     return registry.algorithms.build(algorithm.name, **algorithm.options)
 
 
+def build_aggregator(ctx: RunContext, algorithm):
+    """The configured aggregator; `auto` means the algorithm's natural one."""
+    aggregator = ctx.config.aggregator
+    name = algorithm.default_aggregator if aggregator.name == "auto" else aggregator.name
+    return registry.aggregators.build(name, **aggregator.options)
+
+
+def build_attack(ctx: RunContext):
+    attack = ctx.config.attack
+    if attack.name == "none" or attack.fraction == 0:
+        return None
+    return registry.attacks.build(attack.name, **attack.options)
+
+
 class Server:
     def __init__(self, ctx: RunContext, test_x: np.ndarray, test_y: np.ndarray) -> None:
         self.ctx = ctx
         self.algorithm = build_algorithm(ctx)
-        aggregator = ctx.config.aggregator
-        self.aggregator = registry.aggregators.build(aggregator.name, **aggregator.options)
+        self.aggregator = build_aggregator(ctx, self.algorithm)
+        self.attack = build_attack(ctx)
         self.state = self.algorithm.init_server(ctx)
         self.test_x, self.test_y = test_x, test_y
         self._payload_cache: tuple[int, object, int] | None = None
 
     # --- payload -------------------------------------------------------------------------------
     def payload(self):
-        """The round's broadcast payload (computed once per state) and its encoded size."""
+        """The round's broadcast payload (computed once per state)."""
         if self._payload_cache is None or self._payload_cache[0] != self.state.round:
             payload = self.algorithm.server_payload(self.state)
             self._payload_cache = (self.state.round, payload, encoded_nbytes(payload))
@@ -48,10 +62,15 @@ class Server:
         return self._payload_cache[2]  # type: ignore[index]
 
     # --- one round -----------------------------------------------------------------------------
-    def start_round(self, num_clients: int) -> None:
-        self._stats = RoundStats(bytes_down=self.payload_nbytes() * num_clients)
-        self._accumulator = LinearAccumulator() if self.aggregator.linear else None
-        self._updates: list[ClientUpdate] = []
+    def start_round(self, info: RoundInfo) -> None:
+        self._info = info
+        self._stats = RoundStats(bytes_down=self.payload_nbytes() * info.num_clients)
+        self._accumulator = (
+            LinearAccumulator(self.aggregator.normalize) if self.aggregator.linear else None
+        )
+        self._vectors: list[np.ndarray] = []
+        self._weights: list[float] = []
+        self._malicious: list[tuple[np.ndarray, int]] = []
         self._loss_sum = 0.0
         self._loss_weight = 0.0
         self._norm_sum = 0.0
@@ -60,20 +79,42 @@ class Server:
     def add(self, updates: Iterable[ClientUpdate]) -> None:
         """Fold in updates, in client-id order. Linear aggregators keep O(model) memory."""
         started = time.perf_counter()
-        stats = self._stats
+        stats, info = self._stats, self._info
         for update in updates:
             stats.clients_done += 1
-            stats.bytes_up += update.bytes_up
+            stats.bytes_up += encoded_nbytes(update.message)
             loss = update.metrics.get("loss", math.nan)
             if not math.isnan(loss) and update.num_samples:
                 self._loss_sum += loss * update.num_samples
                 self._loss_weight += update.num_samples
-            self._norm_sum += float(np.linalg.norm(update.vector))
-            if self._accumulator is not None:
-                self._accumulator.add(update.vector, self.aggregator.weight(update))
-            else:
-                self._updates.append(update)
+            vector = self.algorithm.decode_update(update.message, self.ctx)
+            self._norm_sum += float(np.linalg.norm(vector))
+            if self.attack is not None and update.client_id < info.malicious_below:
+                # Malicious clients have the lowest ids, so they all arrive before any honest
+                # client; once the last one is in, they collude and their crafted updates are
+                # folded in their place (still in client-id order).
+                self._malicious.append((vector, update.num_samples))
+                if len(self._malicious) == info.num_malicious:
+                    self._fold_crafted()
+                continue
+            self._fold(vector, update.num_samples)
         self._aggregate_s += time.perf_counter() - started
+
+    def _fold(self, vector: np.ndarray, num_samples: int) -> None:
+        if self._accumulator is not None:
+            self._accumulator.add(vector, self.aggregator.weight(num_samples))
+        else:
+            self._vectors.append(vector)
+            self._weights.append(num_samples)
+
+    def _fold_crafted(self) -> None:
+        honest = [vector for vector, _ in self._malicious]
+        crafted = self.attack.craft(honest, self._info, self.aggregator, self.algorithm, self.ctx)
+        if len(crafted) != len(honest):
+            raise RuntimeError(f"attack returned {len(crafted)} updates for {len(honest)} clients")
+        for vector, (_, num_samples) in zip(crafted, self._malicious, strict=True):
+            self._fold(vector, num_samples)
+        self._malicious = []
 
     def finish_round(self, evaluate: bool) -> RoundStats:
         started = time.perf_counter()
@@ -81,9 +122,9 @@ class Server:
         if self._accumulator is not None:
             aggregate = self._accumulator.result()
         else:
-            aggregate = self.aggregator.aggregate(self._updates)
+            aggregate = self.aggregator.aggregate(self._vectors, self._weights, self._info)
         self.state = self.algorithm.server_update(self.state, aggregate, self.ctx)
-        self._updates = []
+        self._vectors, self._weights = [], []
         stats.aggregate_s = self._aggregate_s + time.perf_counter() - started
         if self._loss_weight:
             stats.train_loss = self._loss_sum / self._loss_weight

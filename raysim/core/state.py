@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -27,15 +28,37 @@ class ServerState:
 class ClientUpdate:
     """What one client sends back after local training.
 
-    `vector` is a dense float32 update (FedAvg: new local parameters minus the global ones);
-    `weight_basis` the number of samples it was trained on; `bytes_up` its encoded size.
+    `message` is the update exactly as it would cross the wire (FedAvg: the float32 delta
+    `local - global`; FRL: bit-packed rank positions; SignSGD: packed sign bits); the server
+    counts its bytes and asks the algorithm to decode it into a dense vector for aggregation.
+    `num_samples` is the number of training samples (the weight of weighted averaging).
     """
 
     client_id: int
     num_samples: int
-    vector: np.ndarray
-    bytes_up: int
+    message: Any
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """Facts about one round that aggregators and attacks may use.
+
+    Malicious clients are the lowest client ids (ids < `malicious_below`), so in the
+    ascending round order they always come first; `num_malicious` of them were sampled.
+    """
+
+    round_index: int
+    client_ids: np.ndarray
+    malicious_below: int = 0
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_ids)
+
+    @property
+    def num_malicious(self) -> int:
+        return int(np.searchsorted(self.client_ids, self.malicious_below))
 
 
 @dataclass

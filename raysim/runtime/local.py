@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import train_clients
 from raysim.core.server import Server, build_algorithm
-from raysim.core.state import RoundStats, ServerState
+from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
 
@@ -27,9 +25,9 @@ class LocalBackend:
         self.server = Server(ctx, dataset.test_x, dataset.test_y)
         self.algorithm = build_algorithm(ctx)
 
-    def run_round(self, round_index: int, client_ids: np.ndarray, evaluate: bool) -> RoundStats:
+    def run_round(self, info: RoundInfo, evaluate: bool) -> RoundStats:
         started = time.perf_counter()
-        self.server.start_round(len(client_ids))
+        self.server.start_round(info)
         updates = train_clients(
             self.ctx,
             self.algorithm,
@@ -38,8 +36,8 @@ class LocalBackend:
             self.dataset.train_y,
             self.split.indices,
             self.split.offsets,
-            round_index,
-            client_ids,
+            info.round_index,
+            info.client_ids,
         )
         clients_s = time.perf_counter() - started
         self.server.add(updates)

@@ -21,7 +21,7 @@ from raysim.config import RuntimeConfig
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import chunk_clients, train_clients
 from raysim.core.server import Server, build_algorithm
-from raysim.core.state import RoundStats, ServerState
+from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
 from raysim.outputs import peak_rss_bytes
@@ -106,13 +106,13 @@ class ServerActor:
         small = self.server.payload_nbytes() <= INLINE_PAYLOAD_BYTES
         self.payload_arg = payload if small else ray.put(payload)
 
-    def run_round(self, round_index: int, chunks: list[np.ndarray], evaluate: bool) -> RoundStats:
+    def run_round(self, info: RoundInfo, chunks: list[np.ndarray], evaluate: bool) -> RoundStats:
         started = time.perf_counter()
-        num_clients = sum(len(chunk) for chunk in chunks)
         task_refs = [
-            self.task.remote(self.run_ref, self.payload_arg, round_index, chunk) for chunk in chunks
+            self.task.remote(self.run_ref, self.payload_arg, info.round_index, chunk)
+            for chunk in chunks
         ]
-        self.server.start_round(num_clients)
+        self.server.start_round(info)
         position = {ref: index for index, ref in enumerate(task_refs)}
         finished: dict[int, list] = {}
         next_index = 0
@@ -192,9 +192,9 @@ class RayBackend:
 
     MIN_TASK_SECONDS = 0.02
 
-    def run_round(self, round_index: int, client_ids: np.ndarray, evaluate: bool) -> RoundStats:
-        chunks = chunk_clients(client_ids, self.tasks_for(len(client_ids)))
-        stats = ray.get(self.server.run_round.remote(round_index, chunks, evaluate))
+    def run_round(self, info: RoundInfo, evaluate: bool) -> RoundStats:
+        chunks = chunk_clients(info.client_ids, self.tasks_for(info.num_clients))
+        stats = ray.get(self.server.run_round.remote(info, chunks, evaluate))
         self.rounds_run += 1
         if stats.clients_done and self.rounds_run > 1:  # round 1 includes worker start-up
             measured = stats.client_compute_s / stats.clients_done

@@ -1,0 +1,19 @@
+"""Malicious client behaviours, composed with any algorithm and aggregator.
+
+Malicious clients are the lowest client ids (`attack.fraction` of all clients). They train
+honestly like everyone else (stateless tasks); the server, simulating their collusion, hands
+their honest decoded updates of the round to the attack's `craft`, which returns what they send
+instead. An attack thus sees what a colluding adversary would: its own clients' benign updates,
+the aggregation rule and the round's facts (e.g. how many of its clients were sampled).
+
+    class Attack(Protocol):
+        def craft(self, honest: list[np.ndarray], info: RoundInfo, aggregator, algorithm,
+                  ctx: RunContext) -> list[np.ndarray]: ...
+"""
+
+from __future__ import annotations
+
+
+def no_attack() -> None:
+    """`attack.name: none`: every client is honest."""
+    return None
