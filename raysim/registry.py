@@ -123,6 +123,7 @@ for _name in ("mlp", "lenet", "conv2", "conv4", "conv8"):
     models.register(_name, f"raysim.models.classic:{_name}")
 algorithms.register("fedavg", "raysim.algorithms.fedavg:FedAvg")
 algorithms.register("fedprox", "raysim.algorithms.fedavg:FedProx")
+algorithms.register("frl", "raysim.algorithms.frl:FRL")
 aggregators.register("mean", "raysim.core.aggregators:Mean")
 aggregators.register("weighted_mean", "raysim.core.aggregators:WeightedMean")
 aggregators.register("sum", "raysim.core.aggregators:Sum")

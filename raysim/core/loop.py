@@ -70,22 +70,6 @@ def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
     return split
 
 
-def make_backend(
-    config: Config,
-    ctx: RunContext,
-    dataset: Dataset,
-    split: ClientSplit,
-    address: str | None = None,
-):
-    if config.runtime.backend == "local" and not address:
-        from raysim.runtime.local import LocalBackend
-
-        return LocalBackend(ctx, dataset, split)
-    from raysim.runtime.ray_backend import RayBackend
-
-    return RayBackend(ctx, dataset, split, address=address)
-
-
 def run(
     config: Config,
     out_dir: str | Path,
@@ -96,16 +80,33 @@ def run(
 ) -> RunResult:
     """Run a whole simulation and write its outputs to `out_dir`."""
     # Data and backend first: bad input fails here, before anything in out_dir is touched.
-    dataset = load_dataset(config)
-    split = split_clients(config, dataset)
-    ctx = RunContext(
-        config=config, input_shape=tuple(dataset.train_x.shape[1:]), num_classes=dataset.num_classes
-    )
-    backend = make_backend(config, ctx, dataset, split, address)
+    started_ray = False
+    if config.runtime.backend == "local" and not address:
+        from raysim.runtime.local import LocalBackend
+
+        dataset = load_dataset(config)
+        split = split_clients(config, dataset)
+        ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
+        backend = LocalBackend(ctx, dataset, split)
+    else:
+        from raysim.runtime import ray_backend
+
+        started_ray = ray_backend.connect(config.runtime, address)
+        try:
+            dataset, train_x_ref = ray_backend.load_dataset_in_cluster(config)
+            split = split_clients(config, dataset)
+            ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
+            backend = ray_backend.RayBackend(ctx, dataset, split, train_x_ref)
+        except BaseException:
+            if started_ray:
+                ray_backend.disconnect()
+            raise
     try:
         outputs = RunOutputs(out_dir, config, tensorboard=tensorboard)
     except BaseException:
         backend.shutdown()
+        if started_ray:
+            ray_backend.disconnect()
         raise
     print(
         f"raysim: {config.algorithm.name} on {dataset.name} ({len(dataset.train_y)} train "
@@ -207,4 +208,6 @@ def run(
             bar.close()
         outputs.close()
         backend.shutdown()
+        if started_ray:
+            ray_backend.disconnect()
     return RunResult(state=state, summary=summary, out_dir=Path(out_dir))

@@ -10,6 +10,7 @@ finishes before an earlier one so the reduction is always in client-id order.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -24,6 +25,7 @@ from raysim.core.server import Server, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
+from raysim.errors import RaysimError
 from raysim.outputs import peak_rss_bytes
 
 # Task results up to this size travel inline to their owner (the server actor) instead of
@@ -33,6 +35,10 @@ INLINE_RESULT_BYTES = 1 << 20
 # Payloads up to Ray's default inline size (100 KiB) go inside the task spec by value, which is
 # cheaper than a put (~1 ms here); larger ones are put in the object store once per round.
 INLINE_PAYLOAD_BYTES = 100 * 1024
+
+
+def disconnect() -> None:
+    ray.shutdown()
 
 
 def connect(
@@ -68,8 +74,36 @@ def _run_bundle(run_ref: ray.ObjectRef) -> tuple:
     bundle = _RUN_BUNDLE_CACHE.get(key)
     if bundle is None:
         _RUN_BUNDLE_CACHE.clear()
-        bundle = _RUN_BUNDLE_CACHE[key] = ray.get(run_ref)
+        ctx, algorithm, train_x_ref, *rest = ray.get(run_ref)
+        bundle = _RUN_BUNDLE_CACHE[key] = (ctx, algorithm, ray.get(train_x_ref), *rest)
     return bundle
+
+
+@ray.remote(num_returns=2)
+def _load_dataset_task(config) -> tuple:
+    # Runs on a worker: the feature array goes from the worker's memory straight into the
+    # object store, so the driver never holds (or maps) the largest array of the run.
+    from raysim.core.loop import load_dataset
+
+    dataset = load_dataset(config)
+    shape = dataset.train_x.shape[1:]
+    light = dataclasses.replace(dataset, train_x=np.empty((0, *shape), dtype=np.float32))
+    return light, dataset.train_x
+
+
+def load_dataset_in_cluster(config) -> tuple[Dataset, ray.ObjectRef]:
+    """Load the dataset in a Ray task; returns it without features, plus their reference.
+
+    The driver needs only labels (to partition), shapes and the test split; the training
+    features stay in the object store, read zero-copy by the client tasks.
+    """
+    light_ref, train_x_ref = _load_dataset_task.remote(config)
+    try:
+        return ray.get(light_ref), train_x_ref
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, RaysimError):  # bad data/config: one clear message, as locally
+            raise error.cause from None
+        raise
 
 
 @ray.remote
@@ -150,16 +184,16 @@ class RayBackend:
     name = "ray"
 
     def __init__(
-        self, ctx: RunContext, dataset: Dataset, split: ClientSplit, address: str | None = None
+        self, ctx: RunContext, dataset: Dataset, split: ClientSplit, train_x_ref: ray.ObjectRef
     ) -> None:
+        """Ray must be connected (see `connect`); `train_x_ref` holds the training features."""
         self.ctx = ctx
-        self.started_ray = connect(ctx.config.runtime, address)
         clients = ctx.config.clients
         run_ref = ray.put(
             (
                 ctx,
                 build_algorithm(ctx),
-                dataset.train_x,
+                train_x_ref,
                 dataset.train_y,
                 split.indices,
                 split.offsets,
@@ -223,5 +257,3 @@ class RayBackend:
 
     def shutdown(self) -> None:
         ray.kill(self.server)
-        if self.started_ray:
-            ray.shutdown()

@@ -1,0 +1,351 @@
+"""Supermask networks: fixed random weights, trainable edge scores, top-k masks per layer.
+
+A supermask layer never trains its weights. It keeps the weights `w` fixed (a buffer) and
+learns a score `s` per edge (a parameter); the forward pass uses `w * m`, where `m` = 1 for the
+top-k fraction of the layer's edges by score and 0 otherwise (edge-popup, Ramanujan et al.
+2020; used by FRL, Mozaffari et al. 2023). The mask is a step function, so its gradient is
+passed straight through: d loss / d s = d loss / d m.
+
+Everything random (weights and initial scores) comes from ONE integer seed through an explicit
+torch.Generator, drawn layer by layer in `supermask_layers` order (weights, then scores), so any
+process can regenerate the identical network from the seed alone. That is what lets FRL send
+only rankings: every participant already has the network.
+
+Architectures (same shapes as raysim/models/classic.py, without biases or BatchNorm): `mlp`,
+`lenet`, `conv2`, `conv4`, `conv6` (widths 64,64,128,128,256,256), `conv8`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional
+
+from raysim.errors import ConfigError
+
+WEIGHT_INITS = ("signed_kaiming_constant", "kaiming_normal", "kaiming_uniform")
+
+_CONV_WIDTHS = {
+    "conv2": (64, 64),
+    "conv4": (64, 64, 128, 128),
+    "conv6": (64, 64, 128, 128, 256, 256),
+    "conv8": (64, 64, 128, 128, 256, 256, 512, 512),
+}
+ARCHITECTURES = ("mlp", "lenet", *_CONV_WIDTHS)
+
+
+# --- the mask ------------------------------------------------------------------------------------
+
+
+def top_k_mask(scores: torch.Tensor, k: float, mask_by_abs: bool = False) -> torch.Tensor:
+    """1 for the top-k fraction of entries by score, 0 for the rest (no gradient).
+
+    Edge-popup convention: sort the scores ascending (stable) and zero the lowest
+    `int((1 - k) * n)`; so exactly `n - int((1 - k) * n)` edges are kept.
+    """
+    key = scores.detach().abs() if mask_by_abs else scores.detach()
+    flat = key.reshape(-1)
+    dropped = int((1 - k) * flat.numel())
+    mask = torch.ones_like(flat)
+    mask[torch.argsort(flat, stable=True)[:dropped]] = 0
+    return mask.view_as(scores)
+
+
+class _StraightThroughMask(torch.autograd.Function):
+    """Forward: the top-k mask of the scores. Backward: the identity (straight-through)."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, k: float, mask_by_abs: bool) -> torch.Tensor:
+        return top_k_mask(scores, k, mask_by_abs)
+
+    @staticmethod
+    def backward(ctx, grad_mask: torch.Tensor):
+        return grad_mask, None, None
+
+
+class _SupermaskLayer(nn.Module):
+    """Common part of the linear and conv supermask layers: weight buffer, score parameter."""
+
+    weight: torch.Tensor
+
+    def __init__(self, weight_shape: tuple[int, ...], k: float, mask_by_abs: bool) -> None:
+        super().__init__()
+        self.k = float(k)
+        self.mask_by_abs = bool(mask_by_abs)
+        self.register_buffer("weight", torch.zeros(weight_shape))
+        self.scores = nn.Parameter(torch.zeros(weight_shape))
+
+    @property
+    def fan_in(self) -> int:
+        return int(math.prod(self.weight.shape[1:]))
+
+    def mask(self) -> torch.Tensor:
+        """The current top-k mask; gradients reach the scores straight through it."""
+        return _StraightThroughMask.apply(self.scores, self.k, self.mask_by_abs)
+
+    def masked_weight(self) -> torch.Tensor:
+        return self.weight * self.mask()
+
+    def extra_repr(self) -> str:
+        return f"weight={tuple(self.weight.shape)}, k={self.k}, mask_by_abs={self.mask_by_abs}"
+
+
+class SupermaskLinear(_SupermaskLayer):
+    def __init__(
+        self, in_features: int, out_features: int, *, k: float = 0.5, mask_by_abs: bool = False
+    ) -> None:
+        super().__init__((out_features, in_features), k, mask_by_abs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return functional.linear(x, self.masked_weight())
+
+
+class SupermaskConv2d(_SupermaskLayer):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        *,
+        padding: int = 0,
+        k: float = 0.5,
+        mask_by_abs: bool = False,
+    ) -> None:
+        super().__init__((out_channels, in_channels, kernel_size, kernel_size), k, mask_by_abs)
+        self.padding = padding
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return functional.conv2d(x, self.masked_weight(), padding=self.padding)
+
+
+def supermask_layers(model: nn.Module) -> list[_SupermaskLayer]:
+    """The model's supermask layers in a fixed order (module registration order)."""
+    return [module for module in model.modules() if isinstance(module, _SupermaskLayer)]
+
+
+# --- initialisation ------------------------------------------------------------------------------
+
+
+def _init_layer(layer: _SupermaskLayer, weight_init: str, generator: torch.Generator) -> None:
+    shape, fan_in = layer.weight.shape, layer.fan_in
+    if weight_init == "signed_kaiming_constant":
+        # sign(w0) * sqrt(2 / fan_in): random signs (w0 symmetric), one constant magnitude.
+        signs = torch.randint(0, 2, shape, generator=generator).mul_(2).sub_(1)
+        weight = signs.float() * math.sqrt(2.0 / fan_in)
+    elif weight_init == "kaiming_normal":
+        weight = torch.randn(shape, generator=generator) * math.sqrt(2.0 / fan_in)
+    elif weight_init == "kaiming_uniform":
+        bound = math.sqrt(6.0 / fan_in)
+        weight = (torch.rand(shape, generator=generator) * 2 - 1) * bound
+    else:
+        raise ConfigError(
+            f"unknown 'algorithm.weight_init' {weight_init!r}; choices: {', '.join(WEIGHT_INITS)}"
+        )
+    # Scores: Kaiming uniform U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (the official code's
+    # kaiming_uniform_(a=sqrt(5)), which gives exactly this bound).
+    scores = (torch.rand(shape, generator=generator) * 2 - 1) / math.sqrt(fan_in)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.scores.copy_(scores)
+
+
+# --- architectures -------------------------------------------------------------------------------
+
+
+def _image_shape(input_shape: Sequence[int], name: str) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ConfigError(
+            f"'model.name' {name!r} needs image inputs (channels, height, width), got shape "
+            f"{tuple(input_shape)}; use model 'mlp' for flat features"
+        )
+    return tuple(int(s) for s in input_shape)  # type: ignore[return-value]
+
+
+def _mlp(input_shape, num_classes, layer_options, *, hidden: Sequence[int] = (128,)):
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = int(math.prod(int(s) for s in input_shape))
+    for size in hidden:
+        layers += [SupermaskLinear(width, int(size), **layer_options), nn.ReLU()]
+        width = int(size)
+    layers.append(SupermaskLinear(width, num_classes, **layer_options))
+    return nn.Sequential(*layers)
+
+
+def _lenet(input_shape, num_classes, layer_options):
+    channels, height, width = _image_shape(input_shape, "lenet")
+    flat = 64 * ((height - 4) // 2) * ((width - 4) // 2)  # two unpadded 3x3 convs, one pool
+    return nn.Sequential(
+        SupermaskConv2d(channels, 32, 3, **layer_options),
+        nn.ReLU(),
+        SupermaskConv2d(32, 64, 3, **layer_options),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        SupermaskLinear(flat, 128, **layer_options),
+        nn.ReLU(),
+        SupermaskLinear(128, num_classes, **layer_options),
+    )
+
+
+def _conv_net(input_shape, num_classes, layer_options, *, widths: Sequence[int], name: str):
+    channels, height, width = _image_shape(input_shape, name)
+    layers: list[nn.Module] = []
+    for pair_index in range(0, len(widths), 2):
+        for out_channels in widths[pair_index : pair_index + 2]:
+            layers += [
+                SupermaskConv2d(channels, out_channels, 3, padding=1, **layer_options),
+                nn.ReLU(),
+            ]
+            channels = out_channels
+        layers.append(nn.MaxPool2d(2))
+        height, width = height // 2, width // 2
+    if height < 1 or width < 1:
+        raise ConfigError(
+            f"'model.name' {name!r}: input {tuple(input_shape)} is too small for "
+            f"{len(widths) // 2} poolings"
+        )
+    return nn.Sequential(
+        *layers,
+        nn.Flatten(),
+        SupermaskLinear(channels * height * width, 256, **layer_options),
+        nn.ReLU(),
+        SupermaskLinear(256, 256, **layer_options),
+        nn.ReLU(),
+        SupermaskLinear(256, num_classes, **layer_options),
+    )
+
+
+def build_supernet(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    seed: int,
+    *,
+    k: float = 0.5,
+    mask_by_abs: bool = False,
+    weight_init: str = "signed_kaiming_constant",
+    **model_options,
+) -> nn.Module:
+    """The supermask network `name`, its weights and scores drawn from `seed` alone."""
+    layer_options = {"k": k, "mask_by_abs": mask_by_abs}
+    if weight_init not in WEIGHT_INITS:
+        raise ConfigError(
+            f"unknown 'algorithm.weight_init' {weight_init!r}; choices: {', '.join(WEIGHT_INITS)}"
+        )
+    if name not in ARCHITECTURES:
+        raise ConfigError(
+            f"'model.name' {name!r} has no supermask version; choices: {', '.join(ARCHITECTURES)}"
+        )
+    allowed = {"mlp": {"hidden"}}.get(name, set())
+    unknown = sorted(set(model_options) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"unknown option 'model.{unknown[0]}' for supermask model {name!r}; "
+            f"valid options: {', '.join(sorted(allowed)) or '(none)'}"
+        )
+    if name == "mlp":
+        model = _mlp(input_shape, num_classes, layer_options, **model_options)
+    elif name == "lenet":
+        model = _lenet(input_shape, num_classes, layer_options)
+    else:
+        model = _conv_net(
+            input_shape, num_classes, layer_options, widths=_CONV_WIDTHS[name], name=name
+        )
+    generator = torch.Generator().manual_seed(int(seed))
+    for layer in supermask_layers(model):
+        _init_layer(layer, weight_init, generator)
+    return model
+
+
+# --- per-process cache ---------------------------------------------------------------------------
+
+
+class Supernet:
+    """A cached supernetwork plus what every use needs: its layers and sorted initial scores."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.layers = supermask_layers(model)
+        self.sorted_initial_scores = [
+            torch.sort(layer.scores.detach().reshape(-1), stable=True).values.clone()
+            for layer in self.layers
+        ]
+        self.layer_sizes = [layer.scores.numel() for layer in self.layers]
+
+    def initial_rankings(self) -> list[np.ndarray]:
+        """R_g of round 0: per layer, argsort of the initial scores (ascending, stable)."""
+        return [
+            np.argsort(layer.scores.detach().reshape(-1).numpy(), kind="stable").astype(np.int64)
+            for layer in self.layers
+        ]
+
+    def load_rankings(self, rankings: Sequence[np.ndarray]) -> None:
+        """Reorder the initial scores by the rankings: s[R[j]] = sort(s0)[j], per layer."""
+        if len(rankings) != len(self.layers):
+            raise ValueError(f"{len(rankings)} rankings for {len(self.layers)} supermask layers")
+        with torch.no_grad():
+            for layer, ranking, sorted_scores in zip(
+                self.layers, rankings, self.sorted_initial_scores, strict=True
+            ):
+                index = torch.from_numpy(np.asarray(ranking, dtype=np.int64))
+                flat = layer.scores.data.view(-1)
+                flat[index] = sorted_scores
+
+
+_SUPERNET_CACHE: dict[str, Supernet] = {}
+
+
+def cached_supernet(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    seed: int,
+    *,
+    k: float = 0.5,
+    mask_by_abs: bool = False,
+    weight_init: str = "signed_kaiming_constant",
+    **model_options,
+) -> Supernet:
+    """One supernet per (architecture, options, shapes, seed, init, k, mask_by_abs) per process.
+
+    Regenerated from the seed once per worker process, never per client. Users overwrite all
+    scores (`load_rankings`) before use, so reuse cannot leak state between clients.
+    """
+    key = json.dumps(
+        [
+            name,
+            model_options,
+            [int(s) for s in input_shape],
+            int(num_classes),
+            int(seed),
+            weight_init,
+            float(k),
+            bool(mask_by_abs),
+        ],
+        sort_keys=True,
+        default=list,
+    )
+    supernet = _SUPERNET_CACHE.get(key)
+    if supernet is None:
+        model = build_supernet(
+            name,
+            input_shape,
+            num_classes,
+            seed,
+            k=k,
+            mask_by_abs=mask_by_abs,
+            weight_init=weight_init,
+            **model_options,
+        )
+        supernet = _SUPERNET_CACHE[key] = Supernet(model)
+    return supernet
+
+
+def clear_supernet_cache() -> None:
+    """Forget every cached supernet (tests use it to check regeneration from the seed)."""
+    _SUPERNET_CACHE.clear()
