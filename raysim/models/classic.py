@@ -14,6 +14,31 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+WEIGHT_INITS = ("default", "signed_kaiming_constant", "kaiming_normal", "kaiming_uniform")
+
+
+def _initialise(model: nn.Module, init: str) -> nn.Module:
+    """Re-initialise conv/linear weights (for FRL's init study; 'default' keeps PyTorch's).
+
+    Uses torch's global RNG, which `build_model` seeds from the run seed.
+    """
+    if init not in WEIGHT_INITS:
+        raise ValueError(f"'model.init' must be one of {', '.join(WEIGHT_INITS)}, got {init!r}")
+    if init == "default":
+        return model
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Conv2d):
+            weight = module.weight
+            if init == "kaiming_uniform":
+                nn.init.kaiming_uniform_(weight, nonlinearity="relu")
+            else:
+                nn.init.kaiming_normal_(weight, nonlinearity="relu")
+                if init == "signed_kaiming_constant":
+                    fan_in = nn.init._calculate_correct_fan(weight, "fan_in")
+                    with torch.no_grad():
+                        weight.copy_(weight.sign() * (2.0 / fan_in) ** 0.5)
+    return model
+
 
 def _flat_size(features: nn.Module, input_shape: Sequence[int]) -> int:
     with torch.no_grad():
@@ -30,7 +55,11 @@ def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]
 
 
 def mlp(
-    input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] = (128,)
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    hidden: Sequence[int] = (128,),
+    init: str = "default",
 ) -> nn.Module:
     """Fully connected ReLU network on flattened inputs (e.g. digits: 64-128-10)."""
     layers: list[nn.Module] = [nn.Flatten()]
@@ -41,10 +70,10 @@ def mlp(
         layers += [nn.Linear(width, int(size)), nn.ReLU()]
         width = int(size)
     layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
+    return _initialise(nn.Sequential(*layers), init)
 
 
-def lenet(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+def lenet(input_shape: Sequence[int], num_classes: int, *, init: str = "default") -> nn.Module:
     channels, _, _ = _image_shape(input_shape, "lenet")
     features = nn.Sequential(
         nn.Conv2d(channels, 32, 3),
@@ -54,12 +83,13 @@ def lenet(input_shape: Sequence[int], num_classes: int) -> nn.Module:
         nn.MaxPool2d(2),
         nn.Flatten(),
     )
-    return nn.Sequential(
+    model = nn.Sequential(
         features,
         nn.Linear(_flat_size(features, input_shape), 128),
         nn.ReLU(),
         nn.Linear(128, num_classes),
     )
+    return _initialise(model, init)
 
 
 def _conv_net(
@@ -83,13 +113,15 @@ def _conv_net(
     )
 
 
-def conv2(input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    return _conv_net(input_shape, num_classes, (64, 64), "conv2")
+def conv2(input_shape: Sequence[int], num_classes: int, *, init: str = "default") -> nn.Module:
+    return _initialise(_conv_net(input_shape, num_classes, (64, 64), "conv2"), init)
 
 
-def conv4(input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    return _conv_net(input_shape, num_classes, (64, 64, 128, 128), "conv4")
+def conv4(input_shape: Sequence[int], num_classes: int, *, init: str = "default") -> nn.Module:
+    return _initialise(_conv_net(input_shape, num_classes, (64, 64, 128, 128), "conv4"), init)
 
 
-def conv8(input_shape: Sequence[int], num_classes: int) -> nn.Module:
-    return _conv_net(input_shape, num_classes, (64, 64, 128, 128, 256, 256, 512, 512), "conv8")
+def conv8(input_shape: Sequence[int], num_classes: int, *, init: str = "default") -> nn.Module:
+    return _initialise(
+        _conv_net(input_shape, num_classes, (64, 64, 128, 128, 256, 256, 512, 512), "conv8"), init
+    )
