@@ -30,9 +30,22 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raysim", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="run one simulation")
-    _add_config_arguments(run)
+    run = commands.add_parser("run", help="run one simulation, or continue one (--resume)")
+    run.add_argument("config", nargs="?", help="experiment YAML file (see configs/)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. clients.lr=0.1",
+    )
     run.add_argument("--out", help="output folder (default: runs/NAME-TIMESTAMP)")
+    run.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the stopped run in DIR from its newest readable checkpoint",
+    )
     run.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -73,6 +86,19 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{reg.kind + 's':<20} {', '.join(reg.names())}")
         return 0
 
+    if args.command == "run" and args.resume:
+        if args.config or args.overrides or args.out:
+            raise RaysimError(
+                "--resume DIR continues the run with DIR/config.yaml; "
+                "give no CONFIG, --set or --out with it"
+            )
+        from raysim.core.loop import resume
+
+        result = resume(args.resume, address=args.address, progress=not args.no_progress)
+        _print_done(result, args.resume)
+        return 0
+    if args.config is None:
+        raise RaysimError("raysim run needs a CONFIG file (or --resume DIR)")
     config = config_module.load(args.config, args.overrides)
     if args.command == "partition":
         from raysim.core.loop import load_dataset, split_clients
@@ -87,12 +113,18 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     out = args.out or f"runs/{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     result = run(config, out, address=args.address, progress=not args.no_progress)
-    final = ", ".join(f"{k}={v:.4f}" for k, v in result.summary["final"].items())
+    _print_done(result, out)
+    return 0
+
+
+def _print_done(result, out: str) -> None:
+    final = ", ".join(
+        f"{k}={v:.4f}" for k, v in result.summary["final"].items() if isinstance(v, int | float)
+    )
     print(
         f"done: {result.summary['rounds']} rounds in {result.summary['wall_s']:.1f} s; "
         f"final {final}; outputs in {out}"
     )
-    return 0
 
 
 if __name__ == "__main__":

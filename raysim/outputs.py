@@ -14,6 +14,7 @@ import math
 import os
 import queue
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +48,33 @@ def _json_safe(value: Any) -> Any:
 
 
 class RunOutputs:
-    def __init__(self, out_dir: str | Path, config: Config, tensorboard: bool = True) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        config: Config,
+        tensorboard: bool = True,
+        history: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Start a run's outputs; `history` (on resume) = the metrics records to keep."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir = self.out_dir / "checkpoints"
         self.checkpoint_dir.mkdir(exist_ok=True)
+        if history is None:
+            # A new run in a folder that holds an older one replaces it (its checkpoints must
+            # not be mistaken for this run's when resuming).
+            old = sorted(self.checkpoint_dir.glob("round_*.npz"))
+            if old:
+                print(f"raysim: replacing the previous run in {self.out_dir}", flush=True)
+            for path in old:
+                path.unlink()
         self.keep_checkpoints = config.run.keep_checkpoints
         _atomic_write_bytes(self.out_dir / "config.yaml", config.to_yaml().encode())
-        self._metrics = open(self.out_dir / "metrics.jsonl", "w")  # noqa: SIM115
+        # On resume, metrics.jsonl keeps the rounds up to the checkpoint (rewritten atomically);
+        # later rounds are recomputed and appended.
+        kept = "".join(json.dumps(_json_safe(record)) + "\n" for record in history or [])
+        _atomic_write_bytes(self.out_dir / "metrics.jsonl", kept.encode())
+        self._metrics = open(self.out_dir / "metrics.jsonl", "a")  # noqa: SIM115
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -75,8 +95,19 @@ class RunOutputs:
             raise self._error
         self._queue.put(record)
 
+    def flush(self) -> None:
+        """Wait until every queued record is written (before a checkpoint, so that
+        metrics.jsonl always covers at least the rounds of the newest checkpoint)."""
+        self._queue.join()
+        if self._error is not None:
+            raise self._error
+
     def _write_records(self) -> None:
-        while (record := self._queue.get()) is not None:
+        while True:
+            record = self._queue.get()
+            if record is None:
+                self._queue.task_done()
+                return
             try:
                 self._metrics.write(json.dumps(_json_safe(record)) + "\n")
                 self._metrics.flush()
@@ -91,8 +122,11 @@ class RunOutputs:
                             self._writer.add_scalar(key, value, step)
             except BaseException as error:  # surfaced on the next log_round / close
                 self._error = error
+            finally:
+                self._queue.task_done()
 
     def save_checkpoint(self, state: ServerState, extra: dict[str, Any] | None = None) -> Path:
+        self.flush()
         path = self.checkpoint_dir / f"round_{state.round:06d}.npz"
         meta = json.dumps({"round": state.round, **(extra or {})})
         arrays = dict(state.arrays)
@@ -137,7 +171,7 @@ def load_checkpoint(path: str | Path) -> tuple[ServerState, dict[str, Any]]:
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
-    except (OSError, ValueError, EOFError) as error:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise RaysimError(f"checkpoint {path} is unreadable or truncated: {error}") from None
     if _META_KEY not in arrays:
         raise RaysimError(f"checkpoint {path} has no raysim metadata")

@@ -10,7 +10,11 @@ for each round:
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +27,43 @@ from raysim.core.sampling import DATA, PARTITION, purpose_seed, sample_clients
 from raysim.core.state import RoundInfo, ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit, make_split
-from raysim.outputs import RunOutputs, peak_rss_bytes
+from raysim.errors import RaysimError
+from raysim.outputs import RunOutputs, load_checkpoint, peak_rss_bytes
+
+
+def _test_kill_hook() -> int | None:
+    """RAYSIM_TEST_KILL_AFTER_ROUND=r makes the driver SIGKILL itself after round r (tests)."""
+    value = os.environ.get("RAYSIM_TEST_KILL_AFTER_ROUND")
+    return int(value) if value else None
+
+
+def find_resume_point(out_dir: str | Path) -> tuple[ServerState, list[dict[str, Any]]]:
+    """The newest readable checkpoint and the metrics records of the rounds it covers.
+
+    A checkpoint that cannot be read (e.g. truncated) is reported and the previous one used.
+    """
+    out_dir = Path(out_dir)
+    checkpoints = sorted((out_dir / "checkpoints").glob("round_*.npz"), reverse=True)
+    for path in checkpoints:
+        try:
+            state, _ = load_checkpoint(path)
+        except RaysimError as error:
+            print(f"raysim: skipping checkpoint: {error}", file=sys.stderr, flush=True)
+            continue
+        history = []
+        metrics = out_dir / "metrics.jsonl"
+        if metrics.exists():
+            for line in metrics.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # a line cut by the stop; later rounds are recomputed anyway
+                if record.get("round", 0) <= state.round:
+                    history.append(record)
+        return state, history
+    raise RaysimError(
+        f"cannot resume {out_dir}: no readable checkpoint in {out_dir / 'checkpoints'}"
+    )
 
 
 @dataclass
@@ -70,6 +110,62 @@ def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
     return split
 
 
+def _start(config: Config, address: str | None):
+    """Load data, split it and start the backend: (dataset, split, backend, started_ray)."""
+    if config.runtime.backend == "local" and not address:
+        from raysim.runtime.local import LocalBackend
+
+        dataset = load_dataset(config)
+        split = split_clients(config, dataset)
+        ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
+        return dataset, split, LocalBackend(ctx, dataset, split), False
+    from raysim.runtime import ray_backend
+
+    started_ray = ray_backend.connect(config.runtime, address)
+    try:
+        dataset, train_x_ref = ray_backend.load_dataset_in_cluster(config)
+        split = split_clients(config, dataset)
+        ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
+        return dataset, split, ray_backend.RayBackend(ctx, dataset, split, train_x_ref), started_ray
+    except BaseException:
+        if started_ray:
+            ray_backend.disconnect()
+        raise
+
+
+def _stop(backend, started_ray: bool) -> None:
+    backend.shutdown()
+    if started_ray:
+        from raysim.runtime import ray_backend
+
+        ray_backend.disconnect()
+
+
+def resume(
+    out_dir: str | Path,
+    *,
+    address: str | None = None,
+    progress: bool = True,
+    tensorboard: bool = True,
+) -> RunResult:
+    """Continue a stopped run from its newest readable checkpoint in `out_dir`.
+
+    Every random draw derives from (seed, round, client id) and the checkpoint holds the whole
+    server state, so the resumed run ends exactly where an uninterrupted one would.
+    """
+    from raysim import config as config_module
+
+    config = config_module.load(Path(out_dir) / "config.yaml")
+    return run(
+        config,
+        out_dir,
+        address=address,
+        progress=progress,
+        tensorboard=tensorboard,
+        resume_from_checkpoint=True,
+    )
+
+
 def run(
     config: Config,
     out_dir: str | Path,
@@ -77,36 +173,20 @@ def run(
     address: str | None = None,
     progress: bool = True,
     tensorboard: bool = True,
+    resume_from_checkpoint: bool = False,
 ) -> RunResult:
     """Run a whole simulation and write its outputs to `out_dir`."""
+    restored, history = None, None
+    if resume_from_checkpoint:
+        restored, history = find_resume_point(out_dir)
     # Data and backend first: bad input fails here, before anything in out_dir is touched.
-    started_ray = False
-    if config.runtime.backend == "local" and not address:
-        from raysim.runtime.local import LocalBackend
-
-        dataset = load_dataset(config)
-        split = split_clients(config, dataset)
-        ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
-        backend = LocalBackend(ctx, dataset, split)
-    else:
-        from raysim.runtime import ray_backend
-
-        started_ray = ray_backend.connect(config.runtime, address)
-        try:
-            dataset, train_x_ref = ray_backend.load_dataset_in_cluster(config)
-            split = split_clients(config, dataset)
-            ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
-            backend = ray_backend.RayBackend(ctx, dataset, split, train_x_ref)
-        except BaseException:
-            if started_ray:
-                ray_backend.disconnect()
-            raise
+    dataset, split, backend, started_ray = _start(config, address)
     try:
-        outputs = RunOutputs(out_dir, config, tensorboard=tensorboard)
+        if restored is not None:
+            backend.set_state(restored)
+        outputs = RunOutputs(out_dir, config, tensorboard=tensorboard, history=history)
     except BaseException:
-        backend.shutdown()
-        if started_ray:
-            ray_backend.disconnect()
+        _stop(backend, started_ray)
         raise
     print(
         f"raysim: {config.algorithm.name} on {dataset.name} ({len(dataset.train_y)} train "
@@ -120,17 +200,26 @@ def run(
     if config.attack.name != "none":
         malicious_below = int(config.attack.fraction * split.num_clients)
     bar = None
+    first_round = restored.round if restored is not None else 0
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=rounds, desc="rounds", unit="round", dynamic_ncols=True)
+        bar = tqdm(
+            total=rounds, initial=first_round, desc="rounds", unit="round", dynamic_ncols=True
+        )
     round_times: list[float] = []
     totals = {"bytes_up": 0, "bytes_down": 0, "clients_done": 0, "clients_failed": 0}
     last_eval: dict[str, float] = {}
     train_loss = float("nan")
+    for record in history or []:  # rounds done before a resume count in the totals
+        for key in totals:
+            totals[key] += record.get(key) or 0
+        last_eval = record.get("eval", last_eval)
+        train_loss = record.get("train_loss") or float("nan")
+    kill_after = _test_kill_hook()
     started = time.perf_counter()
     try:
-        for round_index in range(rounds):
+        for round_index in range(first_round, rounds):
             round_started = time.perf_counter()
             client_ids = sample_clients(
                 seed,
@@ -178,6 +267,8 @@ def run(
             every = config.run.checkpoint_every
             if last or (every and (round_index + 1) % every == 0):
                 outputs.save_checkpoint(backend.get_state())
+            if kill_after == round_index + 1:
+                os.kill(os.getpid(), signal.SIGKILL)  # test hook: a driver killed mid-run
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(
@@ -188,6 +279,7 @@ def run(
         state = backend.get_state()
         summary = {
             "final": {**last_eval, "train_loss": train_loss},
+            "resumed_from_round": first_round if restored is not None else None,
             "rounds": rounds,
             "wall_s": wall_s,
             "client_updates_per_s": totals["clients_done"] / wall_s if wall_s else 0.0,
@@ -195,7 +287,7 @@ def run(
             "bytes_down": totals["bytes_down"],
             "clients_done": totals["clients_done"],
             "clients_failed": totals["clients_failed"],
-            "median_round_s": statistics.median(round_times),
+            "median_round_s": statistics.median(round_times) if round_times else None,
             "backend": backend.name,
             "dataset": dataset.name,
             "num_clients": split.num_clients,
@@ -207,7 +299,5 @@ def run(
         if bar is not None:
             bar.close()
         outputs.close()
-        backend.shutdown()
-        if started_ray:
-            ray_backend.disconnect()
+        _stop(backend, started_ray)
     return RunResult(state=state, summary=summary, out_dir=Path(out_dir))
