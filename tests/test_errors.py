@@ -78,7 +78,7 @@ UNKNOWN_NAMES = [
         "unknown dataset 'mnistt' (did you mean 'mnist'?); choices: cifar10, "
         "cifar100, digits, femnist, mnist, synthetic_classification",
     ),
-    ("aggregator.name=trimmed", "unknown aggregator 'trimmed'; choices: mean, weighted_mean"),
+    ("aggregator.name=bulyan", "unknown aggregator 'bulyan'; choices: mean, weighted_mean"),
     (
         "server.optimizer=adamw",
         "unknown server optimizer 'adamw' (did you mean 'adam'?); choices: adagrad, adam, sgd",
