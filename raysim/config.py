@@ -75,6 +75,9 @@ class AttackConfig:
     name: str = "none"
     fraction: float = 0.0
     redraw_majority: bool = True  # redraw rounds where >= half the sampled clients are malicious
+    # malicious clients the attacker also trains each round (never sent) to estimate benign
+    # updates; FRL's code uses 25. 0: only the round's sampled malicious clients.
+    pool_size: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -249,8 +252,8 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
             fixed = {f.name: f for f in dataclasses.fields(AttackConfig)}
             kwargs = {
                 key: _coerce(values.pop(key), fixed[key].type, f"attack.{key}", source)
-                for key in ("fraction", "redraw_majority")
-                if key in values
+                for key in fixed
+                if key not in ("name", "options") and key in values
             }
             options = reg.check_options(name, values, section_name)
             return AttackConfig(name=name, options=options, **kwargs)
@@ -355,6 +358,7 @@ def _validate(config: Config, source: str) -> None:
     require(clients.num_cpus > 0, "clients.num_cpus", "> 0", clients.num_cpus)
     require(clients.num_gpus >= 0, "clients.num_gpus", ">= 0", clients.num_gpus)
     require(0 <= config.attack.fraction < 1, "attack.fraction", "in [0, 1)", config.attack.fraction)
+    require(config.attack.pool_size >= 0, "attack.pool_size", ">= 0", config.attack.pool_size)
     registry.server_optimizers.get(config.server.optimizer)
     require(config.server.lr > 0, "server.lr", "> 0", config.server.lr)
     require(0 <= config.server.momentum < 1, "server.momentum", "in [0, 1)", config.server.momentum)

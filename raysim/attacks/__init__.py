@@ -9,6 +9,14 @@ the aggregation rule and the round's facts (e.g. how many of its clients were sa
     class Attack(Protocol):
         def craft(self, honest: list[np.ndarray], info: RoundInfo, aggregator, algorithm,
                   ctx: RunContext) -> list[np.ndarray]: ...
+
+Built in (`attack.name`), each in its own module citing its source:
+    frl_reversal    against FRL: all submit the reversed aggregate of their rankings
+                    (FRL paper, Algorithm 3)
+    agr_tailored    against trimmed_mean / multi_krum: mean - gamma * std, gamma searched
+                    against the aggregator (Shejwalkar & Houmansadr, NDSS 2021)
+    sign_flip       against SignSGD: negated signs
+    naive_scaling   against FedAvg: the honest delta times `scale` (default -10)
 """
 
 from __future__ import annotations

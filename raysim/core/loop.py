@@ -20,10 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from raysim import registry
 from raysim.config import Config
 from raysim.core.algorithm import RunContext
-from raysim.core.sampling import DATA, PARTITION, purpose_seed, sample_clients
+from raysim.core.sampling import (
+    DATA,
+    PARTITION,
+    attacker_pool,
+    purpose_seed,
+    sample_clients,
+)
 from raysim.core.state import RoundInfo, ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit, make_split
@@ -229,7 +237,12 @@ def run(
                 malicious_below,
                 config.attack.redraw_majority,
             )
-            info = RoundInfo(round_index, client_ids, malicious_below)
+            pool = np.zeros(0, dtype=np.int64)
+            if malicious_below and np.searchsorted(client_ids, malicious_below):
+                pool = attacker_pool(
+                    seed, round_index, malicious_below, config.attack.pool_size, client_ids
+                )
+            info = RoundInfo(round_index, client_ids, malicious_below, pool)
             last = round_index == rounds - 1
             evaluate = last or (round_index + 1) % config.run.eval_every == 0
             stats = backend.run_round(info, evaluate)

@@ -78,6 +78,19 @@ def model_init_seed(seed: int) -> int:
     return _torch_seed(seed, _MODEL_INIT)
 
 
+def attacker_pool(
+    seed: int, round_index: int, malicious_below: int, pool_size: int, sampled: np.ndarray
+) -> np.ndarray:
+    """Malicious clients the attacker trains this round besides its sampled ones (ascending)."""
+    if pool_size <= 0 or malicious_below <= 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _POOL, round_index]))
+    pool = rng.choice(malicious_below, size=min(pool_size, malicious_below), replace=False)
+    return np.setdiff1d(pool.astype(np.int64), sampled)
+
+
+_POOL = 6
+
 # Seeds handed to data generation and partitioning (plain ints, for numpy default_rng).
 DATA, PARTITION = 4, 5
 

@@ -71,6 +71,8 @@ class Server:
         self._vectors: list[np.ndarray] = []
         self._weights: list[float] = []
         self._malicious: list[tuple[np.ndarray, int]] = []
+        self._attacker_knowledge: list[np.ndarray] = []
+        self._pool = set(info.attacker_pool.tolist())
         self._loss_sum = 0.0
         self._loss_weight = 0.0
         self._norm_sum = 0.0
@@ -81,6 +83,12 @@ class Server:
         started = time.perf_counter()
         stats, info = self._stats, self._info
         for update in updates:
+            if update.client_id in self._pool:  # the attacker's own training, not sent
+                self._attacker_knowledge.append(
+                    self.algorithm.decode_update(update.message, self.ctx)
+                )
+                self._maybe_fold_crafted()
+                continue
             stats.clients_done += 1
             stats.bytes_up += encoded_nbytes(update.message)
             loss = update.metrics.get("loss", math.nan)
@@ -90,12 +98,11 @@ class Server:
             vector = self.algorithm.decode_update(update.message, self.ctx)
             self._norm_sum += float(np.linalg.norm(vector))
             if self.attack is not None and update.client_id < info.malicious_below:
-                # Malicious clients have the lowest ids, so they all arrive before any honest
-                # client; once the last one is in, they collude and their crafted updates are
-                # folded in their place (still in client-id order).
+                # Malicious clients (and the attacker's pool) have the lowest ids, so they all
+                # arrive before any honest client; once the last one is in, they collude and
+                # their crafted updates are folded in their place (still in client-id order).
                 self._malicious.append((vector, update.num_samples))
-                if len(self._malicious) == info.num_malicious:
-                    self._fold_crafted()
+                self._maybe_fold_crafted()
                 continue
             self._fold(vector, update.num_samples)
         self._aggregate_s += time.perf_counter() - started
@@ -107,14 +114,24 @@ class Server:
             self._vectors.append(vector)
             self._weights.append(num_samples)
 
-    def _fold_crafted(self) -> None:
-        honest = [vector for vector, _ in self._malicious]
-        crafted = self.attack.craft(honest, self._info, self.aggregator, self.algorithm, self.ctx)
-        if len(crafted) != len(honest):
-            raise RuntimeError(f"attack returned {len(crafted)} updates for {len(honest)} clients")
+    def _maybe_fold_crafted(self) -> None:
+        info = self._info
+        if (
+            len(self._malicious) < info.num_malicious
+            or len(self._attacker_knowledge) < len(self._pool)
+            or not self._malicious
+        ):
+            return
+        # What the attacker knows: the benign updates of its sampled clients and of its pool.
+        honest = [vector for vector, _ in self._malicious] + self._attacker_knowledge
+        crafted = self.attack.craft(honest, info, self.aggregator, self.algorithm, self.ctx)
+        if len(crafted) != info.num_malicious:
+            raise RuntimeError(
+                f"attack returned {len(crafted)} updates for {info.num_malicious} clients"
+            )
         for vector, (_, num_samples) in zip(crafted, self._malicious, strict=True):
             self._fold(vector, num_samples)
-        self._malicious = []
+        self._malicious, self._attacker_knowledge = [], []
 
     def finish_round(self, evaluate: bool) -> RoundStats:
         started = time.perf_counter()

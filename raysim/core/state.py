@@ -51,10 +51,21 @@ class RoundInfo:
     round_index: int
     client_ids: np.ndarray
     malicious_below: int = 0
+    # Malicious clients, not sampled this round, that the colluding attacker also trains to
+    # learn what benign updates look like (FRL's code: 25 a round). Their updates reach only
+    # the attack's `craft`: never the aggregate, the byte counts or the client counts.
+    attacker_pool: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def num_clients(self) -> int:
         return len(self.client_ids)
+
+    @property
+    def trained_ids(self) -> np.ndarray:
+        """Every client trained this round (sampled + attacker pool), ascending."""
+        if not len(self.attacker_pool):
+            return self.client_ids
+        return np.union1d(self.client_ids, self.attacker_pool)
 
     @property
     def num_malicious(self) -> int:

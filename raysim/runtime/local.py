@@ -37,7 +37,7 @@ class LocalBackend:
             self.split.indices,
             self.split.offsets,
             info.round_index,
-            info.client_ids,
+            info.trained_ids,
         )
         clients_s = time.perf_counter() - started
         self.server.add(updates)

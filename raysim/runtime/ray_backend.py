@@ -227,7 +227,7 @@ class RayBackend:
     MIN_TASK_SECONDS = 0.02
 
     def run_round(self, info: RoundInfo, evaluate: bool) -> RoundStats:
-        chunks = chunk_clients(info.client_ids, self.tasks_for(info.num_clients))
+        chunks = chunk_clients(info.trained_ids, self.tasks_for(len(info.trained_ids)))
         stats = ray.get(self.server.run_round.remote(info, chunks, evaluate))
         self.rounds_run += 1
         if stats.clients_done and self.rounds_run > 1:  # round 1 includes worker start-up

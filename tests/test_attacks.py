@@ -1,0 +1,283 @@
+"""Poisoning attacks: exact crafted updates on hand examples, the AGR-tailored search against a
+known boundary, and end-to-end runs on digits where robust aggregation resists naive scaling that
+breaks FedAvg. No Ray."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raysim import config, registry
+from raysim.attacks.agr_tailored import (
+    AGRTailored,
+    attack_multi_krum,
+    attack_trimmed_mean,
+    halving_search,
+    mean_and_direction,
+)
+from raysim.attacks.frl_reversal import FRLReversal, reversed_positions
+from raysim.attacks.naive_scaling import NaiveScaling
+from raysim.attacks.sign_flip import SignFlip
+from raysim.core.algorithm import RunContext
+from raysim.core.robust import Median, MultiKrum, TrimmedMean, multi_krum, trimmed_mean
+from raysim.core.state import RoundInfo
+from raysim.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = REPO_ROOT / "configs"
+
+
+def _info(num_clients: int, num_malicious: int) -> RoundInfo:
+    """A round whose first `num_malicious` clients are malicious (ids below 100)."""
+    ids = np.concatenate([np.arange(num_malicious), 100 + np.arange(num_clients - num_malicious)])
+    return RoundInfo(round_index=0, client_ids=ids, malicious_below=100)
+
+
+@pytest.fixture(scope="module")
+def ctx() -> RunContext:
+    cfg = config.load(CONFIGS / "fedavg_trimmed_mean_digits.yaml", ["runtime.backend=local"])
+    return RunContext(config=cfg, input_shape=(64,), num_classes=10)
+
+
+def test_attacks_are_registered():
+    assert {"frl_reversal", "agr_tailored", "sign_flip", "naive_scaling"} <= set(
+        registry.attacks.names()
+    )
+    assert registry.attacks.option_names("agr_tailored") == ["gamma_init", "tolerance"]
+    assert registry.attacks.option_names("naive_scaling") == ["scale"]
+    assert registry.attacks.option_names("sign_flip") == []
+    cfg = config.load(
+        CONFIGS / "fedavg_trimmed_mean_digits.yaml",
+        ["attack.name=agr_tailored", "attack.fraction=0.2", "attack.tolerance=1e-4"],
+    )
+    assert cfg.attack.options == {"tolerance": 1e-4}
+
+
+# --- sign flip and naive scaling -----------------------------------------------------------------
+
+
+def test_sign_flip_negates_the_signs_exactly(ctx):
+    honest = [np.array([1, -1, 1, 1], np.int8), np.array([-1, -1, 1, -1], np.int8)]
+    crafted = SignFlip().craft(honest, _info(5, 2), None, None, ctx)
+    assert [c.dtype for c in crafted] == [np.int8, np.int8]
+    np.testing.assert_array_equal(crafted[0], [-1, 1, -1, -1])
+    np.testing.assert_array_equal(crafted[1], [1, 1, -1, 1])
+
+
+def test_naive_scaling_multiplies_the_delta(ctx):
+    honest = [np.array([0.5, -2.0, 0.0], np.float32)]
+    np.testing.assert_array_equal(
+        NaiveScaling().craft(honest, _info(5, 1), None, None, ctx)[0], [-5.0, 20.0, 0.0]
+    )
+    np.testing.assert_array_equal(
+        NaiveScaling(scale=3.0).craft(honest, _info(5, 1), None, None, ctx)[0], [1.5, -6.0, 0.0]
+    )
+
+
+# --- FRL rank reversal ---------------------------------------------------------------------------
+
+# Three malicious clients, two layers of three edges each (6 edges). Each client's decoded
+# update is the position of every edge in its ranking, layer by layer.
+FRL_HONEST = [
+    np.array([0, 1, 2, 0, 2, 1], np.int64),
+    np.array([1, 2, 0, 1, 2, 0], np.int64),
+    np.array([2, 0, 1, 0, 1, 2], np.int64),
+]
+
+
+class _FakeFRL:
+    def layer_sizes(self, ctx) -> list[int]:
+        return [3, 3]
+
+
+def test_frl_reversal_hand_computed(ctx):
+    # layer 1: position sums [3, 3, 3], all tied. Stable descending argsort keeps the id order,
+    #   R_mal = [0, 1, 2], positions [0, 1, 2] (a naive argsort(sum)[::-1] would give [2, 1, 0]).
+    # layer 2: sums [1, 5, 3] -> R_mal = argsort(sum, descending) = [1, 2, 0]: edge 1 (the
+    #   malicious clients' most important) moves to position 0, edge 2 to 1, edge 0 to 2.
+    expected = [0, 1, 2, 2, 0, 1]
+    np.testing.assert_array_equal(reversed_positions(FRL_HONEST, [3, 3]), expected)
+    crafted = FRLReversal().craft(FRL_HONEST, _info(10, 3), None, _FakeFRL(), ctx)
+    assert len(crafted) == 3  # ALL malicious clients submit the same reversed ranking
+    for vector in crafted:
+        assert vector.dtype == np.int64
+        np.testing.assert_array_equal(vector, expected)
+
+
+def test_frl_reversal_reverses_the_aggregate_ranking():
+    rng = np.random.default_rng(0)
+    sizes = [7, 5]
+    honest = [np.concatenate([rng.permutation(n) for n in sizes]) for _ in range(4)]
+    crafted = reversed_positions(honest, sizes)
+    total = np.sum(honest, axis=0)
+    start = 0
+    for n in sizes:
+        layer_total, layer_crafted = total[start : start + n], crafted[start : start + n]
+        assert sorted(layer_crafted) == list(range(n))  # a permutation: a valid ranking
+        # every pair of edges the malicious clients order strictly is ordered the other way
+        for i in range(n):
+            for j in range(n):
+                if layer_total[i] > layer_total[j]:
+                    assert layer_crafted[i] < layer_crafted[j]
+        start += n
+
+
+def test_frl_reversal_needs_an_frl_algorithm(ctx):
+    with pytest.raises(ConfigError, match="frl_reversal"):
+        FRLReversal().craft(FRL_HONEST, _info(10, 3), None, object(), ctx)
+    with pytest.raises(ValueError, match="6 entries but the layers hold 7"):
+        reversed_positions(FRL_HONEST, [3, 4])
+
+
+# --- AGR-tailored: the halving search ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("boundary", [0.3, 2.0907702751760273, 4.99, 7.25])
+def test_halving_search_finds_a_monotone_boundary(boundary):
+    gamma = halving_search(lambda g: g <= boundary, 5.0, 1e-5)
+    # the final bracket [last success, nearest failure] is twice the last step
+    assert boundary - 2e-5 <= gamma <= boundary
+
+
+def test_halving_search_limits():
+    assert halving_search(lambda g: False) == 0.0  # nothing works: send the mean
+    assert 10.0 - 2e-5 <= halving_search(lambda g: True) < 10.0  # capped below 2 * gamma_init
+
+
+# Four benign 1-D updates: mean 0, std (ddof 1) s = sqrt(4 / 3); the copies sit at x = -gamma*s.
+BENIGN_1D = [np.array([v], np.float32) for v in (-1.0, -1.0, 1.0, 1.0)]
+STD_1D = math.sqrt(4 / 3)
+
+
+def test_agr_tailored_multi_krum_gamma_is_at_the_boundary():
+    # One copy, n = 5, f = 1: scores sum the 2 nearest others; m = 4 are selected, so the copy is
+    # rejected only with the worst score. For x <= -1: copy 2(x + 1)^2, each -1: min((x+1)^2, 4),
+    # each +1: 0 + 4 = 4. The copy is selected iff 2(x + 1)^2 <= 4, i.e. x >= -(1 + sqrt 2):
+    boundary = (1 + math.sqrt(2)) / STD_1D  # 2.0907...
+    malicious, gamma = attack_multi_krum(BENIGN_1D, num_copies=1, f=1, tolerance=1e-5)
+    assert boundary - 2e-5 <= gamma <= boundary
+    np.testing.assert_allclose(malicious, [-gamma * STD_1D], rtol=1e-6)
+    # selected, and it pulls Multi-Krum's output to (x - 1 - 1 + 1) / 4 ~ -0.854; sending the
+    # mean (x = 0) instead gets the copy rejected and changes nothing
+    aggregate, selected = multi_krum([malicious, *BENIGN_1D], f=1)
+    assert 0 in selected
+    np.testing.assert_allclose(aggregate, [(-(1 + math.sqrt(2)) - 1) / 4], atol=1e-4)
+    naive, selected = multi_krum([np.zeros(1, np.float32), *BENIGN_1D], f=1)
+    assert 0 not in selected and naive[0] == 0.0
+
+
+def test_agr_tailored_trimmed_mean_reaches_the_maximal_deviation():
+    # One copy, beta = 1. For x >= -1 the trimmed mean is x / 3; below -1 the copy is trimmed and
+    # it stays at -1/3 (maximal deviation 1/3, reached from gamma = 1 / s = 0.866 on).
+    # The first try (gamma = 5) succeeds; larger gammas do not grow the deviation: gamma = 5.
+    malicious, gamma = attack_trimmed_mean(BENIGN_1D, num_copies=1, beta=1)
+    assert gamma == 5.0 and gamma >= 1 / STD_1D
+    assert trimmed_mean([malicious, *BENIGN_1D], 1)[0] == pytest.approx(-1 / 3)
+    assert trimmed_mean([np.zeros(1, np.float32), *BENIGN_1D], 1)[0] == 0.0  # the naive mean
+
+
+def _benign(rng, count: int, size: int) -> list[np.ndarray]:
+    return [(0.5 + rng.standard_normal(size)).astype(np.float32) for _ in range(count)]
+
+
+# Below, the attacker's benign updates are the server's benign set (the paper's full-knowledge
+# setting), so the simulated AGR is the real one: 4 copies + 16 benign updates, beta = f = 4.
+# The naive alternative sends 4 copies of the benign mean.
+
+
+def test_agr_tailored_defeats_trimmed_mean_more_than_the_mean():
+    benign = _benign(np.random.default_rng(1), 16, 200)
+    mu = np.mean(benign, axis=0)
+    malicious, gamma = attack_trimmed_mean(benign, num_copies=4, beta=4)
+    assert gamma == 5.0  # already past the boundary: larger gammas do not grow the deviation
+    attacked = np.linalg.norm(trimmed_mean([malicious] * 4 + benign, 4) - mu)
+    naive = np.linalg.norm(trimmed_mean([mu.astype(np.float32)] * 4 + benign, 4) - mu)
+    assert attacked > 3 * naive  # measured 5.71 vs 0.91
+
+
+def test_agr_tailored_defeats_multi_krum_more_than_the_mean():
+    benign = _benign(np.random.default_rng(2), 16, 200)
+    mu = np.mean(benign, axis=0)
+    malicious, gamma = attack_multi_krum(benign, num_copies=4, f=4)
+    assert 1.0 < gamma < 2.0  # measured 1.342
+    aggregate, selected = multi_krum([malicious] * 4 + benign, f=4)
+    assert set(range(4)) <= set(selected.tolist())  # every copy gets through
+    # just past gamma, the copies are no longer all selected
+    beyond = (mu - (gamma + 1e-3) * mean_and_direction(benign)[1]).astype(np.float32)
+    assert not set(range(4)) <= set(multi_krum([beyond] * 4 + benign, f=4)[1].tolist())
+    attacked = np.linalg.norm(aggregate - mu)
+    naive = np.linalg.norm(multi_krum([mu.astype(np.float32)] * 4 + benign, f=4)[0] - mu)
+    assert attacked > 2.5 * naive  # measured 5.12 vs 1.51
+
+
+def test_agr_tailored_craft_follows_the_aggregator(ctx):
+    info = _info(5, 1)  # one malicious client: one copy
+    attack = registry.attacks.build("agr_tailored")
+    (krum,) = attack.craft(BENIGN_1D, info, MultiKrum(), None, ctx)
+    _, gamma = attack_multi_krum(BENIGN_1D, num_copies=1, f=1)
+    np.testing.assert_array_equal(krum, np.float32([-gamma * STD_1D]))
+    (trimmed,) = attack.craft(BENIGN_1D, info, TrimmedMean(), None, ctx)
+    np.testing.assert_allclose(trimmed, [-5.0 * STD_1D], rtol=1e-6)
+    with pytest.raises(ConfigError, match="trimmed_mean' or 'multi_krum'"):
+        attack.craft(BENIGN_1D, info, Median(), None, ctx)
+    with pytest.raises(ConfigError, match="attack.tolerance"):
+        AGRTailored(tolerance=0)
+
+
+def test_agr_tailored_with_a_single_benign_update_sends_it_unchanged():
+    only = [np.array([0.5, -1.0], np.float32)]
+    malicious, _ = attack_trimmed_mean(only, num_copies=1, beta=1)
+    np.testing.assert_array_equal(malicious, only[0])
+    malicious, gamma = attack_multi_krum(only, num_copies=1, f=1)
+    np.testing.assert_array_equal(malicious, only[0])
+    assert gamma == 0.0
+
+
+# --- end to end on digits: naive scaling breaks FedAvg, not the robust aggregators ---------------
+
+ROUNDS = 20
+
+
+def _accuracy(tmp_path_factory, *overrides: str) -> float:
+    from raysim.core.loop import run
+
+    cfg = config.load(
+        CONFIGS / "fedavg_trimmed_mean_digits.yaml",
+        ["runtime.backend=local", f"run.rounds={ROUNDS}", *overrides],
+    )
+    result = run(cfg, tmp_path_factory.mktemp("run"), progress=False, tensorboard=False)
+    return result.summary["final"]["accuracy"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_naive_scaling_breaks_fedavg_but_not_trimmed_mean_or_median(tmp_path_factory, seed):
+    # Measured over seeds 0-4 after 20 rounds (20% malicious, scale -10):
+    #   clean FedAvg 0.927-0.947; attacked FedAvg 0.100-0.156;
+    #   attacked trimmed mean 0.878-0.911 (at most 0.062 below clean);
+    #   attacked median 0.840-0.896 (at most 0.100 below clean)
+    attack = ["attack.name=naive_scaling", "attack.fraction=0.2"]
+    seeded = f"run.seed={seed}"
+    clean = _accuracy(tmp_path_factory, "aggregator.name=weighted_mean", seeded)
+    broken = _accuracy(tmp_path_factory, "aggregator.name=weighted_mean", seeded, *attack)
+    trimmed = _accuracy(tmp_path_factory, "aggregator.name=trimmed_mean", seeded, *attack)
+    median = _accuracy(tmp_path_factory, "aggregator.name=median", seeded, *attack)
+    assert clean >= 0.9
+    assert broken <= 0.25  # near chance (0.1)
+    assert trimmed >= clean - 0.1
+    assert median >= clean - 0.15
+    assert min(trimmed, median) >= broken + 0.5
+
+
+def test_sign_flip_minority_does_not_stop_signsgd(tmp_path_factory):
+    from raysim.core.loop import run
+
+    cfg = config.load(
+        CONFIGS / "signsgd_digits.yaml",
+        ["runtime.backend=local", "run.rounds=15", "attack.name=sign_flip", "attack.fraction=0.2"],
+    )
+    result = run(cfg, tmp_path_factory.mktemp("signflip"), progress=False, tensorboard=False)
+    # measured over seeds 0-4 after 15 rounds: 0.844-0.920 (clean: 0.911-0.938)
+    assert result.summary["final"]["accuracy"] >= 0.8
