@@ -281,3 +281,35 @@ def test_sign_flip_minority_does_not_stop_signsgd(tmp_path_factory):
     result = run(cfg, tmp_path_factory.mktemp("signflip"), progress=False, tensorboard=False)
     # measured over seeds 0-4 after 15 rounds: 0.844-0.920 (clean: 0.911-0.938)
     assert result.summary["final"]["accuracy"] >= 0.8
+
+
+def test_attacker_pool_informs_the_attack_but_is_never_aggregated_or_counted():
+    """Pool clients are trained for the attacker only: counts and bytes match a pool-free run,
+    and frl-free attacks that use only their own update (naive scaling) are unaffected."""
+    from raysim import config
+    from raysim.core.loop import run
+
+    def go(pool: int, tmp: str):
+        cfg = config.load(
+            "configs/fedavg_digits.yaml",
+            [
+                "runtime.backend=local",
+                "run.rounds=4",
+                "attack.name=naive_scaling",
+                "attack.fraction=0.3",
+                f"attack.pool_size={pool}",
+            ],
+        )
+        return run(cfg, tmp, progress=False, tensorboard=False)
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        without, with_pool = go(0, a), go(25, b)
+    for key in ("clients_done", "bytes_up", "bytes_down"):
+        assert (
+            with_pool.summary[key]
+            == without.summary[key]
+            == (4 * 10 * 9610 * 4 if key != "clients_done" else 40)
+        )
+    assert with_pool.state.arrays["params"].tobytes() == without.state.arrays["params"].tobytes()

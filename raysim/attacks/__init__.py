@@ -10,6 +10,11 @@ the aggregation rule and the round's facts (e.g. how many of its clients were sa
         def craft(self, honest: list[np.ndarray], info: RoundInfo, aggregator, algorithm,
                   ctx: RunContext) -> list[np.ndarray]: ...
 
+`honest[:info.num_malicious]` are the sampled malicious clients' own updates (client-id order);
+any further entries come from the attacker's pool (`attack.pool_size` more malicious clients
+trained only to inform the attack, as FRL's code does with 25). `craft` returns exactly
+`info.num_malicious` updates, which are aggregated in place of the sampled ones.
+
 Built in (`attack.name`), each in its own module citing its source:
     frl_reversal    against FRL: all submit the reversed aggregate of their rankings
                     (FRL paper, Algorithm 3)

@@ -17,4 +17,5 @@ class NaiveScaling:
         self.scale = float(scale)
 
     def craft(self, honest, info, aggregator, algorithm, ctx) -> list[np.ndarray]:
-        return [(self.scale * vector.astype(np.float64)).astype(np.float32) for vector in honest]
+        own = honest[: info.num_malicious]  # each client scales its own update (pool unused)
+        return [(self.scale * vector.astype(np.float64)).astype(np.float32) for vector in own]

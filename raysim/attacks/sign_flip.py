@@ -13,4 +13,4 @@ import numpy as np
 
 class SignFlip:
     def craft(self, honest, info, aggregator, algorithm, ctx) -> list[np.ndarray]:
-        return [np.negative(vector) for vector in honest]
+        return [np.negative(vector) for vector in honest[: info.num_malicious]]  # own signs only
