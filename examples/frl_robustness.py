@@ -134,11 +134,13 @@ class Study:
         for method in ("FedAvg", "Trimmed-mean", "Multi-Krum", "SignSGD", "FRL"):
             attack = METHODS[method][2]
             for fraction in self.args.fractions:
-                extra = (
-                    []
-                    if fraction == 0
-                    else [f"attack.name={attack}", f"attack.fraction={fraction}"]
-                )
+                extra = []
+                if fraction:
+                    extra = [
+                        f"attack.name={attack}",
+                        f"attack.fraction={fraction}",
+                        f"attack.pool_size={self.args.attacker_pool}",
+                    ]
                 label = f"{method} {int(fraction * 100)}% {attack if fraction else 'clean'}"
                 records = self.run(method, extra, label)
                 row = {
@@ -268,6 +270,13 @@ def main(argv=None) -> int:
         "--k-values", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument(
+        "--attacker-pool",
+        type=int,
+        default=25,
+        help="malicious clients the attacker trains per round to craft its "
+        "updates (FRL's code: 25)",
+    )
     parser.add_argument("--backend", choices=["ray", "local"], default="ray")
     parser.add_argument("--out", default="runs/frl_robustness")
     args = parser.parse_args(argv)
