@@ -119,7 +119,7 @@ for _name in ("digits", "synthetic_classification", "mnist", "cifar10", "cifar10
     datasets.register(_name, f"raysim.data.datasets:load_{_name}")
 for _name in ("iid", "dirichlet", "shards", "one_class", "natural"):
     partitioners.register(_name, f"raysim.data.partition:{_name}")
-for _name in ("mlp", "lenet", "conv2", "conv4", "conv8"):
+for _name in ("mlp", "lenet", "conv2", "conv4", "conv6", "conv8"):
     models.register(_name, f"raysim.models.classic:{_name}")
 algorithms.register("fedavg", "raysim.algorithms.fedavg:FedAvg")
 algorithms.register("fedprox", "raysim.algorithms.fedavg:FedProx")

@@ -96,7 +96,8 @@ class Server:
                 self._loss_sum += loss * update.num_samples
                 self._loss_weight += update.num_samples
             vector = self.algorithm.decode_update(update.message, self.ctx)
-            self._norm_sum += float(np.linalg.norm(vector))
+            if np.issubdtype(vector.dtype, np.floating):  # rank positions have no useful norm
+                self._norm_sum += float(np.linalg.norm(vector))
             if self.attack is not None and update.client_id < info.malicious_below:
                 # Malicious clients (and the attacker's pool) have the lowest ids, so they all
                 # arrive before any honest client; once the last one is in, they collude and

@@ -121,6 +121,12 @@ def conv4(input_shape: Sequence[int], num_classes: int, *, init: str = "default"
     return _initialise(_conv_net(input_shape, num_classes, (64, 64, 128, 128), "conv4"), init)
 
 
+def conv6(input_shape: Sequence[int], num_classes: int, *, init: str = "default") -> nn.Module:
+    return _initialise(
+        _conv_net(input_shape, num_classes, (64, 64, 128, 128, 256, 256), "conv6"), init
+    )
+
+
 def conv8(input_shape: Sequence[int], num_classes: int, *, init: str = "default") -> nn.Module:
     return _initialise(
         _conv_net(input_shape, num_classes, (64, 64, 128, 128, 256, 256, 512, 512), "conv8"), init
