@@ -86,6 +86,7 @@ class Study:
             f"runtime.backend={args.backend}",
         ]
         self.tables: dict[str, list[dict]] = {}
+        self.done: dict[tuple, list[dict]] = {}
 
     def config(self, method: str, extra: list[str], seed: int):
         base, overrides, _ = METHODS[method]
@@ -94,8 +95,14 @@ class Study:
         )
 
     def run(self, method: str, extra: list[str], label: str) -> list[dict]:
-        """One run per seed; returns per-seed records (curve, summary, per-client accuracy)."""
-        records = []
+        """One run per seed; returns per-seed records (curve, summary, per-client accuracy).
+
+        Runs are memoised by (method, overrides): a setting shared by two tables runs once.
+        """
+        key = (method, tuple(extra))
+        if key in self.done:
+            return self.done[key]
+        records = self.done[key] = []
         for seed in self.args.seeds:
             cfg = self.config(method, extra, seed)
             name = f"{label}-seed{seed}".replace(" ", "_").replace("%", "pct")

@@ -25,8 +25,8 @@ The simulated AGR uses the server's parameters (beta, or f and m; beta and f def
 number of malicious clients, as the server's do). The attacker's benign set is its sampled
 clients' honest updates plus those of `attack.pool_size` more malicious clients it trains each
 round (FRL's code: 25; set it in the config); where the set is still too small for a
-parameter, it takes the largest the set admits (2 * beta < n; f <= n - 3). With a single benign update the
-direction is 0 and the attacker sends that update unchanged.
+parameter, it takes the largest the set admits (2 * beta < n; f <= n - 3). With a single
+benign update the direction is 0 and the attacker sends that update unchanged.
 """
 
 from __future__ import annotations
