@@ -225,27 +225,35 @@ def run(
         last_eval = record.get("eval", last_eval)
         train_loss = record.get("train_loss") or float("nan")
     kill_after = _test_kill_hook()
+
+    def round_info(round_index: int) -> RoundInfo:
+        client_ids = sample_clients(
+            seed,
+            round_index,
+            split.num_clients,
+            config.clients.per_round,
+            malicious_below,
+            config.attack.redraw_majority,
+        )
+        pool = np.zeros(0, dtype=np.int64)
+        if malicious_below and np.searchsorted(client_ids, malicious_below):
+            pool = attacker_pool(
+                seed, round_index, malicious_below, config.attack.pool_size, client_ids
+            )
+        return RoundInfo(round_index, client_ids, malicious_below, pool)
+
+    next_info = None
     started = time.perf_counter()
     try:
         for round_index in range(first_round, rounds):
             round_started = time.perf_counter()
-            client_ids = sample_clients(
-                seed,
-                round_index,
-                split.num_clients,
-                config.clients.per_round,
-                malicious_below,
-                config.attack.redraw_majority,
-            )
-            pool = np.zeros(0, dtype=np.int64)
-            if malicious_below and np.searchsorted(client_ids, malicious_below):
-                pool = attacker_pool(
-                    seed, round_index, malicious_below, config.attack.pool_size, client_ids
-                )
-            info = RoundInfo(round_index, client_ids, malicious_below, pool)
+            info = next_info or round_info(round_index)
+            # The next round's clients are known now (sampling depends on seed and round
+            # only), so a backend may dispatch them as soon as this round's model exists.
+            next_info = round_info(round_index + 1) if round_index + 1 < rounds else None
             last = round_index == rounds - 1
             evaluate = last or (round_index + 1) % config.run.eval_every == 0
-            stats = backend.run_round(info, evaluate)
+            stats = backend.run_round(info, evaluate, next_info)
             round_s = time.perf_counter() - round_started
             round_times.append(round_s)
             for key in totals:
@@ -257,7 +265,7 @@ def run(
                 # since the loop started, at the end of this round's dispatch (differences of
                 # consecutive values include logging and checkpointing of the round before)
                 "elapsed_s": time.perf_counter() - started,
-                "clients": len(client_ids),
+                "clients": info.num_clients,
                 "malicious": info.num_malicious,
                 "clients_done": stats.clients_done,
                 "clients_failed": stats.clients_failed,

@@ -25,7 +25,10 @@ class LocalBackend:
         self.server = Server(ctx, dataset.test_x, dataset.test_y)
         self.algorithm = build_algorithm(ctx)
 
-    def run_round(self, info: RoundInfo, evaluate: bool) -> RoundStats:
+    def run_round(
+        self, info: RoundInfo, evaluate: bool, next_info: RoundInfo | None = None
+    ) -> RoundStats:
+        """One round, in-process (`next_info` is for backends that dispatch ahead)."""
         started = time.perf_counter()
         self.server.start_round(info)
         updates = train_clients(

@@ -134,18 +134,35 @@ class ServerActor:
         clients = ctx.config.clients
         self.task = _client_task.options(num_cpus=clients.num_cpus, num_gpus=clients.num_gpus)
         self._publish_payload()
+        self._prefetched: tuple[int, float, list] | None = None
 
     def _publish_payload(self) -> None:
         payload = self.server.payload()
         small = self.server.payload_nbytes() <= INLINE_PAYLOAD_BYTES
         self.payload_arg = payload if small else ray.put(payload)
 
-    def run_round(self, info: RoundInfo, chunks: list[np.ndarray], evaluate: bool) -> RoundStats:
-        started = time.perf_counter()
-        task_refs = [
+    def _dispatch(self, info: RoundInfo, chunks: list[np.ndarray]) -> tuple[int, float, list]:
+        refs = [
             self.task.remote(self.run_ref, self.payload_arg, info.round_index, chunk)
             for chunk in chunks
         ]
+        return info.round_index, time.perf_counter(), refs
+
+    def run_round(
+        self,
+        info: RoundInfo,
+        chunks: list[np.ndarray],
+        evaluate: bool,
+        next_round: tuple[RoundInfo, list[np.ndarray]] | None = None,
+    ) -> RoundStats:
+        """One round; with `next_round`, that round's tasks are dispatched as soon as this
+        round's payload exists, so they train while the driver logs and calls back (clients
+        of round t+1 depend only on the payload after round t, which is final here)."""
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched[0] == info.round_index:
+            _, started, task_refs = prefetched
+        else:
+            _, started, task_refs = self._dispatch(info, chunks)
         self.server.start_round(info)
         position = {ref: index for index, ref in enumerate(task_refs)}
         finished: dict[int, list] = {}
@@ -167,6 +184,8 @@ class ServerActor:
         stats.client_compute_s = compute_s
         stats.tasks = len(task_refs)
         self._publish_payload()
+        if next_round is not None:
+            self._prefetched = self._dispatch(*next_round)
         return stats
 
     def get_state(self) -> ServerState:
@@ -174,6 +193,7 @@ class ServerActor:
 
     def set_state(self, state: ServerState) -> None:
         self.server.set_state(state)
+        self._prefetched = None  # dispatched against the old payload
         self._publish_payload()
 
     def peak_rss_bytes(self) -> int:
@@ -226,9 +246,15 @@ class RayBackend:
 
     MIN_TASK_SECONDS = 0.02
 
-    def run_round(self, info: RoundInfo, evaluate: bool) -> RoundStats:
+    def run_round(
+        self, info: RoundInfo, evaluate: bool, next_info: RoundInfo | None = None
+    ) -> RoundStats:
         chunks = chunk_clients(info.trained_ids, self.tasks_for(len(info.trained_ids)))
-        stats = ray.get(self.server.run_round.remote(info, chunks, evaluate))
+        next_round = None
+        if next_info is not None:
+            ids = next_info.trained_ids
+            next_round = (next_info, chunk_clients(ids, self.tasks_for(len(ids))))
+        stats = ray.get(self.server.run_round.remote(info, chunks, evaluate, next_round))
         self.rounds_run += 1
         if stats.clients_done and self.rounds_run > 1:  # round 1 includes worker start-up
             measured = stats.client_compute_s / stats.clients_done
