@@ -116,15 +116,15 @@ def main(argv=None) -> int:
     mb = 1 / 2**20
     print(f"\n100 clients per round, median s/round over rounds {WARMUP + 1}..{ROUNDS}")
     print(
-        f"{'clients':>10}{'s/round':>10}{'x 1st':>8}{'driver MB':>11}{'dataset MB':>12}"
-        f"{'driver extra MB':>17}{'server MB':>11}"
+        f"{'clients':>10}{'s/round':>10}{'x 1st':>8}{'driver MB':>11}{'driver growth MB':>18}"
+        f"{'dataset MB':>12}{'server MB':>11}"
     )
     for row in rows:
         row["round_s_over_first"] = row["median_round_s"] / reference
         print(
             f"{row['num_clients']:>10}{row['median_round_s']:>10.4f}"
             f"{row['round_s_over_first']:>8.2f}{row['driver_peak_rss_bytes'] * mb:>11.0f}"
-            f"{row['dataset_bytes'] * mb:>12.0f}{row['driver_extra_bytes'] * mb:>17.0f}"
+            f"{row['driver_growth_bytes'] * mb:>18.0f}{row['dataset_bytes'] * mb:>12.0f}"
             f"{row['server_peak_rss_bytes'] * mb:>11.0f}"
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
