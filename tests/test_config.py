@@ -249,3 +249,18 @@ def test_bool_plugin_option_for_a_number_is_rejected(digits_config_path):
     with pytest.raises(ConfigError, match=r"algorithm\.mu"):
         cfg = config.load(digits_config_path, ["algorithm.name=fedprox", "algorithm.mu=true"])
         build_algorithm(SimpleNamespace(config=cfg))
+
+
+def test_public_api_is_pinned():
+    import raysim
+
+    assert sorted(raysim.__all__) == [
+        "Config",
+        "ConfigError",
+        "DataError",
+        "RaysimError",
+        "RunResult",
+        "load_config",
+        "resume",
+        "run",
+    ]
