@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from raysim.errors import RaysimError
 
 
-def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="experiment YAML file (see configs/)")
+def _add_config_arguments(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    parser.add_argument(
+        "config", nargs="?" if optional else None, help="experiment YAML file (see configs/)"
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -31,15 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run one simulation, or continue one (--resume)")
-    run.add_argument("config", nargs="?", help="experiment YAML file (see configs/)")
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. clients.lr=0.1",
-    )
+    _add_config_arguments(run, optional=True)  # optional with --resume
     run.add_argument("--out", help="output folder (default: runs/NAME-TIMESTAMP)")
     run.add_argument(
         "--resume",
