@@ -75,6 +75,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             registry.models,
             registry.algorithms,
             registry.aggregators,
+            registry.attacks,
             registry.server_optimizers,
         ):
             print(f"{reg.kind + 's':<20} {', '.join(reg.names())}")
