@@ -103,9 +103,13 @@ class _DeltaAveraging:
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
-            message=delta,
+            message=self.encode_delta(delta),
             metrics={"loss": loss},
         )
+
+    def encode_delta(self, delta: np.ndarray):
+        """What the client sends for its delta; compressing variants override this pair."""
+        return delta  # dense float32
 
     def decode_update(self, message: np.ndarray, ctx: RunContext) -> np.ndarray:
         return message  # dense float32 on the wire already

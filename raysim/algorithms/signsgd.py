@@ -23,11 +23,10 @@ so its settings must stay at their defaults (checked when the run starts).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from raysim.algorithms.fedavg import _DeltaAveraging
 from raysim.core.algorithm import RunContext
-from raysim.core.state import ClientUpdate, ServerState
+from raysim.core.state import ServerState
 from raysim.errors import ConfigError
 from raysim.models.vector import build_model, cached_model, get_vector, vector_size
 
@@ -72,18 +71,8 @@ class SignSGD(_DeltaAveraging):
             )
         return ServerState(0, {"params": get_vector(build_model(ctx))})
 
-    def client_update(
-        self,
-        payload: np.ndarray,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        client_id: int,
-        generator: torch.Generator,
-        ctx: RunContext,
-    ) -> ClientUpdate:
-        update = super().client_update(payload, x, y, client_id, generator, ctx)
-        update.message = pack_signs(update.message)
-        return update
+    def encode_delta(self, delta: np.ndarray) -> np.ndarray:
+        return pack_signs(delta)
 
     def decode_update(self, message: np.ndarray, ctx: RunContext) -> np.ndarray:
         return unpack_signs(message, num_params(ctx))

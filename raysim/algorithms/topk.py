@@ -13,11 +13,9 @@ per-client state); the broadcast stays dense float32 weights.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from raysim.algorithms.fedavg import _DeltaAveraging
 from raysim.core.algorithm import RunContext
-from raysim.core.state import ClientUpdate
 from raysim.errors import ConfigError
 from raysim.models.vector import cached_model, vector_size
 
@@ -53,18 +51,8 @@ class TopK(_DeltaAveraging):
         super().__init__(proximal_mu=0.0)
         self.fraction = float(fraction)
 
-    def client_update(
-        self,
-        payload: np.ndarray,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        client_id: int,
-        generator: torch.Generator,
-        ctx: RunContext,
-    ) -> ClientUpdate:
-        update = super().client_update(payload, x, y, client_id, generator, ctx)
-        update.message = top_k(update.message, num_kept(len(update.message), self.fraction))
-        return update
+    def encode_delta(self, delta: np.ndarray) -> dict[str, np.ndarray]:
+        return top_k(delta, num_kept(len(delta), self.fraction))
 
     def decode_update(self, message: dict[str, np.ndarray], ctx: RunContext) -> np.ndarray:
         return densify(message, vector_size(cached_model(ctx)))
