@@ -26,6 +26,8 @@ class RunContext:
     config: Config
     input_shape: tuple[int, ...]
     num_classes: int
+    # Vocabulary size of sparse bag-of-words inputs (Dataset.num_features); None: dense inputs.
+    num_features: int | None = None
 
     @property
     def seed(self) -> int:
@@ -39,7 +41,13 @@ class RunContext:
     def model_key(self) -> str:
         model = self.config.model
         return json.dumps(
-            [model.name, dict(model.options), list(self.input_shape), self.num_classes],
+            [
+                model.name,
+                dict(model.options),
+                list(self.input_shape),
+                self.num_classes,
+                self.num_features,
+            ],
             sort_keys=True,
         )
 

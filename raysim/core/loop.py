@@ -118,6 +118,12 @@ def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
     return split
 
 
+def run_context(config: Config, dataset: Dataset) -> RunContext:
+    return RunContext(
+        config, tuple(dataset.train_x.shape[1:]), dataset.num_classes, dataset.num_features
+    )
+
+
 def _start(config: Config, address: str | None):
     """Load data, split it and start the backend: (dataset, split, backend, started_ray)."""
     if config.runtime.backend == "local" and not address:
@@ -125,7 +131,7 @@ def _start(config: Config, address: str | None):
 
         dataset = load_dataset(config)
         split = split_clients(config, dataset)
-        ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
+        ctx = run_context(config, dataset)
         return dataset, split, LocalBackend(ctx, dataset, split), False
     from raysim.runtime import ray_backend
 
@@ -133,7 +139,7 @@ def _start(config: Config, address: str | None):
     try:
         dataset, train_x_ref = ray_backend.load_dataset_in_cluster(config)
         split = split_clients(config, dataset)
-        ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
+        ctx = run_context(config, dataset)
         return dataset, split, ray_backend.RayBackend(ctx, dataset, split, train_x_ref), started_ray
     except BaseException:
         if started_ray:

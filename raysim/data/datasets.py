@@ -40,6 +40,14 @@ class Dataset:
     num_classes: int
     # int64 (n_train,): natural client (e.g. FEMNIST writer) of each train sample; None if none.
     train_groups: np.ndarray | None = None
+    # Sparse bag-of-words inputs (Extreme Classification data): train_x/test_x are int32
+    # (n, max_features_per_point) feature ids padded with `num_features` (an id no feature
+    # has), and the model embeds ids 0..num_features-1. None for dense inputs.
+    num_features: int | None = None
+    # Multi-label sources with many labels (XML): every true label of each train point, int64
+    # (n_train, max_labels) padded with -1, while train_y holds the one positive sampled per
+    # point (FedAwS's multi-label -> multi-class step). test_y then has the same padded form.
+    train_label_sets: np.ndarray | None = None
 
     @property
     def sample_shape(self) -> tuple[int, ...]:

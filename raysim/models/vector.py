@@ -25,6 +25,14 @@ def build_model(ctx) -> nn.Module:  # ctx: raysim.core.algorithm.RunContext
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(model_init_seed(ctx.seed))
         try:
+            if ctx.num_features is not None:  # sparse bag-of-words input: the vocabulary size
+                return registry.models.build(
+                    model_config.name,
+                    ctx.input_shape,
+                    ctx.num_classes,
+                    ctx.num_features,
+                    **model_config.options,
+                )
             return registry.models.build(
                 model_config.name, ctx.input_shape, ctx.num_classes, **model_config.options
             )
