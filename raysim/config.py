@@ -11,6 +11,7 @@ ConfigError naming the key and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -154,9 +155,18 @@ def _plain(value: Any) -> Any:
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """YAML 1.1's safe loader, plus `1e-3` read as a float (PyYAML wants `1.0e-3`)."""
+    """YAML 1.1's safe loader, plus `1e-3` read as a float (PyYAML wants `1.0e-3`).
+
+    Dates are not recognised: no config value is a date, and PyYAML's timestamp constructor
+    raises a bare ValueError for `2001-13-01`; such a value stays a string, so the type check
+    names its key.
+    """
 
 
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
@@ -181,12 +191,20 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.load(path.read_text(), Loader=_YamlLoader) or {}
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read the config file: {error}") from None
+    try:
+        raw = yaml.load(text, Loader=_YamlLoader) or {}
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         reason = getattr(error, "problem", None) or str(error)
         raise ConfigError(f"{path}:{where}: invalid YAML: {reason}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as error:
+        # PyYAML's constructors raise these for e.g. an explicit `!!timestamp 2001-13-01`,
+        # `!!int` of a non-number, or absurdly deep nesting.
+        raise ConfigError(f"{path}: invalid YAML value: {error}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     return from_dict(raw, overrides, source=str(path))
@@ -200,6 +218,8 @@ def from_dict(
         _apply_override(raw, override)
     sections: dict[str, Any] = {}
     for section_name, values in raw.items():
+        if not isinstance(section_name, str):
+            raise ConfigError(f"{source}: section names must be strings, got {section_name!r}")
         if section_name not in _SECTION_TYPES:
             raise ConfigError(
                 f"{source}: unknown section '{section_name}'"
@@ -224,15 +244,20 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
     section, name = parts
     try:
         value = yaml.load(text, Loader=_YamlLoader) if text.strip() else None
-    except yaml.YAMLError:
-        value = text
-    section_values = raw.setdefault(section, {})
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError):
+        value = text  # not a YAML scalar: the type check of the key reports it
+    if raw.get(section) is None:  # absent, or an empty `section:` in the file
+        raw[section] = {}
+    section_values = raw[section]
     if not isinstance(section_values, dict):
         raise ConfigError(f"override '{override}': section '{section}' is not a mapping")
     section_values[name] = value
 
 
 def _build_section(section_name: str, values: Mapping[str, Any], source: str) -> Any:
+    for key in values:
+        if not isinstance(key, str):
+            raise ConfigError(f"{source}: keys of '{section_name}' must be strings, got {key!r}")
     section_type = _resolve_type(_SECTION_TYPES[section_name].type)
     if section_name in _PLUGIN_SECTIONS or section_type is DataConfig:
         reg, default_name = _PLUGIN_SECTIONS[section_name]
@@ -319,20 +344,32 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
 
 
 def _validate(config: Config, source: str) -> None:
-    """Range checks that a type annotation cannot express."""
+    """Range checks that a type annotation cannot express; then the plug-ins' own checks."""
 
     def require(condition: bool, key: str, expected: str, value: Any) -> None:
         if not condition:
             raise ConfigError(f"{source}: '{key}' must be {expected}, got {value!r}")
 
+    def finite(value: float) -> bool:
+        return math.isfinite(value)
+
     run, part, clients = config.run, config.partition, config.clients
+    require(
+        bool(run.name) and not set(run.name) & {"/", "\\", "\0"},
+        "run.name",
+        "a non-empty name without '/', '\\' or NUL (it names the output folder)",
+        run.name,
+    )
     require(run.rounds >= 1, "run.rounds", ">= 1", run.rounds)
     require(run.eval_every >= 1, "run.eval_every", ">= 1", run.eval_every)
     require(run.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", run.checkpoint_every)
     require(run.keep_checkpoints >= 1, "run.keep_checkpoints", ">= 1", run.keep_checkpoints)
     require(run.seed >= 0, "run.seed", ">= 0", run.seed)
+    for key, path in (("data.root", config.data.root), ("partition.cache_dir", part.cache_dir)):
+        require(path is None or (path != "" and "\0" not in path), key, "a path", path)
     require(part.num_clients >= 1, "partition.num_clients", ">= 1", part.num_clients)
     require(part.alpha > 0, "partition.alpha", "> 0", part.alpha)
+    require(finite(part.alpha), "partition.alpha", "finite", part.alpha)
     require(
         part.shards_per_client >= 1, "partition.shards_per_client", ">= 1", part.shards_per_client
     )
@@ -347,8 +384,10 @@ def _validate(config: Config, source: str) -> None:
     require(clients.local_epochs >= 1, "clients.local_epochs", ">= 1", clients.local_epochs)
     require(clients.batch_size >= 1, "clients.batch_size", ">= 1", clients.batch_size)
     require(clients.lr > 0, "clients.lr", "> 0", clients.lr)
-    require(clients.momentum >= 0, "clients.momentum", ">= 0", clients.momentum)
+    require(finite(clients.lr), "clients.lr", "finite", clients.lr)
+    require(0 <= clients.momentum < 1, "clients.momentum", "in [0, 1)", clients.momentum)
     require(clients.weight_decay >= 0, "clients.weight_decay", ">= 0", clients.weight_decay)
+    require(finite(clients.weight_decay), "clients.weight_decay", "finite", clients.weight_decay)
     require(
         clients.per_task == "auto" or (isinstance(clients.per_task, int) and clients.per_task >= 1),
         "clients.per_task",
@@ -356,12 +395,33 @@ def _validate(config: Config, source: str) -> None:
         clients.per_task,
     )
     require(clients.num_cpus > 0, "clients.num_cpus", "> 0", clients.num_cpus)
+    require(finite(clients.num_cpus), "clients.num_cpus", "finite", clients.num_cpus)
     require(clients.num_gpus >= 0, "clients.num_gpus", ">= 0", clients.num_gpus)
-    require(0 <= config.attack.fraction < 1, "attack.fraction", "in [0, 1)", config.attack.fraction)
-    require(config.attack.pool_size >= 0, "attack.pool_size", ">= 0", config.attack.pool_size)
-    registry.server_optimizers.get(config.server.optimizer)
-    require(config.server.lr > 0, "server.lr", "> 0", config.server.lr)
-    require(0 <= config.server.momentum < 1, "server.momentum", "in [0, 1)", config.server.momentum)
+    require(finite(clients.num_gpus), "clients.num_gpus", "finite", clients.num_gpus)
+    attack = config.attack
+    require(0 <= attack.fraction < 1, "attack.fraction", "in [0, 1)", attack.fraction)
+    require(attack.pool_size >= 0, "attack.pool_size", ">= 0", attack.pool_size)
+    if attack.name != "none" and attack.redraw_majority:
+        # Rounds with >= half malicious clients are redrawn: some draw must have a majority
+        # of honest clients, or the run could never sample a round.
+        honest = part.num_clients - int(attack.fraction * part.num_clients)
+        require(
+            2 * (clients.per_round - min(honest, clients.per_round)) < clients.per_round,
+            "attack.fraction",
+            f"small enough that {clients.per_round} sampled clients can have an honest "
+            f"majority (attack.redraw_majority is on; {honest} of {part.num_clients} "
+            f"clients are honest)",
+            attack.fraction,
+        )
+    server = config.server
+    registry.server_optimizers.get(server.optimizer)
+    require(server.lr > 0, "server.lr", "> 0", server.lr)
+    require(finite(server.lr), "server.lr", "finite", server.lr)
+    require(0 <= server.momentum < 1, "server.momentum", "in [0, 1)", server.momentum)
+    require(0 <= server.beta1 < 1, "server.beta1", "in [0, 1)", server.beta1)
+    require(0 <= server.beta2 < 1, "server.beta2", "in [0, 1)", server.beta2)
+    require(server.eps > 0, "server.eps", "> 0", server.eps)
+    require(finite(server.eps), "server.eps", "finite", server.eps)
     require(
         config.runtime.backend in ("ray", "local"),
         "runtime.backend",
@@ -374,3 +434,37 @@ def _validate(config: Config, source: str) -> None:
         ">= 1",
         config.runtime.num_cpus,
     )
+    require(
+        bool(config.runtime.dashboard_host),
+        "runtime.dashboard_host",
+        "a host address",
+        config.runtime.dashboard_host,
+    )
+    require(
+        config.runtime.address is None or bool(config.runtime.address),
+        "runtime.address",
+        "'auto', 'ray://host:port' or null",
+        config.runtime.address,
+    )
+    _check_plugins(config, source)
+
+
+def _check_plugins(config: Config, source: str) -> None:
+    """Build the algorithm, aggregator and attack once, so their option checks (FRL's k in
+    (0, 1], TopK's fraction, ...) fail when the config is read rather than when the run starts.
+    Their constructors only store and check options. Datasets and models are checked when
+    they are built (they need files and the data's shape)."""
+    chosen = [("algorithm", registry.algorithms, config.algorithm)]
+    if config.aggregator.name != "auto":
+        chosen.append(("aggregator", registry.aggregators, config.aggregator))
+    if config.attack.name != "none":
+        chosen.append(("attack", registry.attacks, config.attack))
+    for section, reg, plugin in chosen:
+        try:
+            reg.build(plugin.name, **plugin.options)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, ArithmeticError) as error:
+            raise ConfigError(
+                f"{source}: options of {section} '{plugin.name}' rejected: {error}"
+            ) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -96,14 +97,34 @@ def _check_value(parameter: inspect.Parameter, value: Any, key: str) -> Any:
     elif "int" in allowed and isinstance(value, int):
         return value
     elif "float" in allowed and isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ConfigError(f"'{key}' expects a finite number, got {value!r}")
         return float(value)
     elif "str" in allowed and isinstance(value, str):
         return value
     elif allowed & {"Sequence", "tuple", "list"} and isinstance(value, list | tuple):
+        _check_items(str(text), value, key)
         return list(value)
     if not allowed & {"bool", "int", "float", "str", "None", "Sequence", "tuple", "list"}:
         return value  # an annotation we do not check; the factory validates it
     raise ConfigError(f"'{key}' expects {text}, got {value!r}")
+
+
+def _check_items(annotation: str, items: list | tuple, key: str) -> None:
+    """Items of a `Sequence[int]` / `list[float]` / `Sequence[str]` option have that type."""
+    inner = annotation.partition("[")[2].rpartition("]")[0].split(",")[0].strip()
+    for item in items:
+        if inner == "int":
+            valid = isinstance(item, int) and not isinstance(item, bool)
+        elif inner == "float":
+            valid = isinstance(item, int | float) and not isinstance(item, bool)
+            valid = valid and math.isfinite(item)
+        elif inner == "str":
+            valid = isinstance(item, str)
+        else:
+            return  # an item type we do not check; the factory validates it
+        if not valid:
+            raise ConfigError(f"'{key}' expects {annotation}, got {list(items)!r}")
 
 
 datasets = Registry("dataset")
