@@ -84,3 +84,24 @@ class Algorithm(Protocol):
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
     ) -> dict[str, float]: ...
+
+
+# Optional hooks. The engine checks for them with `getattr`, so the five methods above are all a
+# plain algorithm needs.
+#
+# Per-client payloads (FedAwS sends each client only its own class row):
+#     def client_payload(self, state, client_ids, client_classes) -> Sequence:
+#         one personal payload per client id, in the same order; `client_classes[i]` is the one
+#         class client_ids[i] holds (-1 unless the split puts one class per client). The
+#         client's `client_update` then receives `(broadcast_payload, personal_payload)`.
+#
+# In-task reduction (updates too large to send one per client):
+#     def task_reducer(self, ctx) -> reducer with .add(update: ClientUpdate) and
+#         .result() -> message; the task returns one ReducedUpdate instead of its updates.
+#     def merge_reduced(self, accumulated | None, message, ctx) -> accumulated;
+#         folded on the server in task order, must be exact (integer) so packing cannot matter.
+#     def finish_reduced(self, accumulated, ctx) -> aggregate handed to server_update.
+#     Such algorithms own their aggregation: `aggregator.name` must stay `auto`.
+#
+# Server-side phase timings: an algorithm may set `self.server_times = {"index_s": ...}` in
+# server_update; the server copies it into the round's time split.

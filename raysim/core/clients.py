@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from raysim.core.algorithm import RunContext
+from raysim.core.payload import encoded_nbytes
 from raysim.core.sampling import client_generator
-from raysim.core.state import ClientUpdate
+from raysim.core.state import ClientUpdate, ReducedUpdate
 
 
 def train_clients(
@@ -27,21 +28,48 @@ def train_clients(
     offsets: np.ndarray,
     round_index: int,
     client_ids: Sequence[int],
-) -> list[ClientUpdate]:
-    """Run local training for `client_ids` one after another; updates in the same order."""
+    personal_payloads: Sequence | None = None,
+) -> list[ClientUpdate | ReducedUpdate]:
+    """Run local training for `client_ids` one after another; updates in the same order.
+
+    With `personal_payloads` (one per client, from the algorithm's `client_payload`), each
+    client receives `(payload, its personal payload)`. An algorithm with a `task_reducer`
+    gets its clients' updates folded into one `ReducedUpdate`, which is all the task returns.
+    """
+    if personal_payloads is not None and len(personal_payloads) != len(client_ids):
+        raise ValueError(
+            f"{len(personal_payloads)} personal payloads for {len(client_ids)} clients"
+        )
+    make_reducer = getattr(algorithm, "task_reducer", None)
+    reducer = make_reducer(ctx) if make_reducer is not None else None
+    reduced = ReducedUpdate([], [], None, [], 0)
     previous_threads = torch.get_num_threads()
     if previous_threads != ctx.client_threads:
         # Same thread count on every backend: float results can depend on it.
         torch.set_num_threads(ctx.client_threads)
     try:
-        updates = []
-        for client_id in client_ids:
+        updates: list[ClientUpdate | ReducedUpdate] = []
+        for position, client_id in enumerate(client_ids):
             client_id = int(client_id)
             rows = indices[offsets[client_id] : offsets[client_id + 1]]
             x = torch.from_numpy(train_x[rows])
             y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))
             generator = client_generator(ctx.seed, round_index, client_id)
-            updates.append(algorithm.client_update(payload, x, y, client_id, generator, ctx))
+            client_payload = (
+                payload if personal_payloads is None else (payload, personal_payloads[position])
+            )
+            update = algorithm.client_update(client_payload, x, y, client_id, generator, ctx)
+            if reducer is None:
+                updates.append(update)
+                continue
+            reduced.client_ids.append(update.client_id)
+            reduced.num_samples.append(update.num_samples)
+            reduced.metrics.append(update.metrics)
+            reduced.bytes_up += encoded_nbytes(update.message)
+            reducer.add(update)
+        if reducer is not None and reduced.client_ids:
+            reduced.message = reducer.result()
+            updates.append(reduced)
         return updates
     finally:
         if previous_threads != ctx.client_threads:
@@ -52,3 +80,21 @@ def chunk_clients(client_ids: np.ndarray, num_chunks: int) -> list[np.ndarray]:
     """Split ascending ids into `num_chunks` contiguous runs of near-equal length."""
     num_chunks = max(1, min(num_chunks, len(client_ids)))
     return [chunk for chunk in np.array_split(client_ids, num_chunks) if len(chunk)]
+
+
+def single_class_of_clients(labels: np.ndarray, indices: np.ndarray, offsets: np.ndarray):
+    """The one class each client holds: int64 per client, -1 where a client is empty or holds
+    several classes (only 1-D integer labels have classes in this sense)."""
+    num_clients = len(offsets) - 1
+    classes = np.full(num_clients, -1, dtype=np.int64)
+    if labels.ndim != 1 or not len(indices):
+        return classes
+    client_labels = labels[indices].astype(np.int64, copy=False)
+    sizes = np.diff(offsets)
+    nonempty = np.flatnonzero(sizes)
+    first = client_labels[offsets[nonempty]]
+    # A client is single-class when its smallest and largest label agree.
+    low = np.minimum.reduceat(client_labels, offsets[nonempty])
+    high = np.maximum.reduceat(client_labels, offsets[nonempty])
+    classes[nonempty] = np.where(low == high, first, -1)
+    return classes

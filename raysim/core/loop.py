@@ -284,6 +284,7 @@ def run(
                     "clients_s": stats.clients_s,
                     "client_compute_s": stats.client_compute_s,
                     "aggregate_s": stats.aggregate_s,
+                    **stats.server_times,
                     "evaluate_s": stats.evaluate_s,
                 },
             }

@@ -17,7 +17,8 @@ from raysim import registry
 from raysim.core.aggregators import LinearAccumulator
 from raysim.core.algorithm import RunContext
 from raysim.core.payload import encoded_nbytes
-from raysim.core.state import ClientUpdate, RoundInfo, RoundStats, ServerState
+from raysim.core.state import ClientUpdate, ReducedUpdate, RoundInfo, RoundStats, ServerState
+from raysim.errors import ConfigError
 
 
 def build_algorithm(ctx: RunContext):
@@ -40,11 +41,33 @@ def build_attack(ctx: RunContext):
 
 
 class Server:
-    def __init__(self, ctx: RunContext, test_x: np.ndarray, test_y: np.ndarray) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        test_x: np.ndarray,
+        test_y: np.ndarray,
+        client_classes: np.ndarray | None = None,
+    ) -> None:
+        """`client_classes[c]`: the one class client c holds (-1 if several or none); needed
+        only by algorithms with per-client payloads (FedAwS)."""
         self.ctx = ctx
         self.algorithm = build_algorithm(ctx)
+        self.reduces_in_task = hasattr(self.algorithm, "task_reducer")
+        if self.reduces_in_task:
+            if ctx.config.aggregator.name != "auto":
+                raise ConfigError(
+                    f"algorithm '{ctx.config.algorithm.name}' aggregates its own updates "
+                    f"(exactly, inside the client tasks); 'aggregator.name' must be 'auto', "
+                    f"got {ctx.config.aggregator.name!r}"
+                )
+            if ctx.config.attack.name != "none":
+                raise ConfigError(
+                    f"algorithm '{ctx.config.algorithm.name}' does not support attacks "
+                    f"('attack.name' must be 'none', got {ctx.config.attack.name!r})"
+                )
         self.aggregator = build_aggregator(ctx, self.algorithm)
         self.attack = build_attack(ctx)
+        self.client_classes = client_classes
         self.state = self.algorithm.init_server(ctx)
         self.test_x, self.test_y = test_x, test_y
         self._payload_cache: tuple[int, object, int] | None = None
@@ -61,10 +84,26 @@ class Server:
         self.payload()
         return self._payload_cache[2]  # type: ignore[index]
 
+    def personal_payloads(self, client_ids: np.ndarray) -> list | None:
+        """Each client's own payload (FedAwS: its class row), or None if the algorithm has
+        none; in the order of `client_ids`."""
+        make = getattr(self.algorithm, "client_payload", None)
+        if make is None:
+            return None
+        if self.client_classes is None:
+            classes = np.full(len(client_ids), -1, dtype=np.int64)
+        else:
+            classes = self.client_classes[np.asarray(client_ids, dtype=np.int64)]
+        return make(self.state, np.asarray(client_ids, dtype=np.int64), classes)
+
     # --- one round -----------------------------------------------------------------------------
     def start_round(self, info: RoundInfo) -> None:
         self._info = info
         self._stats = RoundStats(bytes_down=self.payload_nbytes() * info.num_clients)
+        personal = self.personal_payloads(info.client_ids)
+        if personal is not None:
+            self._stats.bytes_down += encoded_nbytes(personal)
+        self._reduced = None
         self._accumulator = (
             LinearAccumulator(self.aggregator.normalize) if self.aggregator.linear else None
         )
@@ -83,6 +122,9 @@ class Server:
         started = time.perf_counter()
         stats, info = self._stats, self._info
         for update in updates:
+            if isinstance(update, ReducedUpdate):
+                self._add_reduced(update)
+                continue
             if update.client_id in self._pool:  # the attacker's own training, not sent
                 self._attacker_knowledge.append(
                     self.algorithm.decode_update(update.message, self.ctx)
@@ -107,6 +149,20 @@ class Server:
                 continue
             self._fold(vector, update.num_samples)
         self._aggregate_s += time.perf_counter() - started
+
+    def _add_reduced(self, update: ReducedUpdate) -> None:
+        stats = self._stats
+        stats.clients_done += update.num_clients
+        stats.bytes_up += update.bytes_up
+        for metrics, num_samples in zip(update.metrics, update.num_samples, strict=True):
+            loss = metrics.get("loss", math.nan)
+            if not math.isnan(loss) and num_samples:
+                self._loss_sum += loss * num_samples
+                self._loss_weight += num_samples
+            norm = metrics.get("update_norm", math.nan)
+            if not math.isnan(norm):
+                self._norm_sum += norm
+        self._reduced = self.algorithm.merge_reduced(self._reduced, update.message, self.ctx)
 
     def _fold(self, vector: np.ndarray, num_samples: int) -> None:
         if self._accumulator is not None:
@@ -137,13 +193,23 @@ class Server:
     def finish_round(self, evaluate: bool) -> RoundStats:
         started = time.perf_counter()
         stats = self._stats
-        if self._accumulator is not None:
+        if self.reduces_in_task:
+            if self._reduced is None:
+                raise ValueError("no client update was aggregated this round")
+            aggregate = self.algorithm.finish_reduced(self._reduced, self.ctx)
+            self._reduced = None
+        elif self._accumulator is not None:
             aggregate = self._accumulator.result()
         else:
             aggregate = self.aggregator.aggregate(self._vectors, self._weights, self._info)
+        self.algorithm.server_times = {}
         self.state = self.algorithm.server_update(self.state, aggregate, self.ctx)
+        stats.server_times = dict(self.algorithm.server_times)
         self._vectors, self._weights = [], []
-        stats.aggregate_s = self._aggregate_s + time.perf_counter() - started
+        # The phases the algorithm timed itself (index, spreadout) are reported apart.
+        stats.aggregate_s = (
+            self._aggregate_s + time.perf_counter() - started - sum(stats.server_times.values())
+        )
         if self._loss_weight:
             stats.train_loss = self._loss_sum / self._loss_weight
         if stats.clients_done:
@@ -164,3 +230,6 @@ class Server:
     def set_state(self, state: ServerState) -> None:
         self.state = state
         self._payload_cache = None
+        restored = getattr(self.algorithm, "state_restored", None)
+        if restored is not None:  # e.g. FedAwS rebuilds its nearest-class index from W
+            restored(state, self.ctx)

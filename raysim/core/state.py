@@ -40,6 +40,28 @@ class ClientUpdate:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class ReducedUpdate:
+    """Several clients' updates already combined inside their task (algorithms that reduce).
+
+    Algorithms whose updates are large (FedAwS at Amazon-670K scale: a model of 288 MB, 4,000
+    clients a round) sum their clients' contributions in the task, exactly (integer
+    fixed-point, so any packing of clients into tasks gives the same sum), and return one of
+    these per task. `message` is the algorithm's partial aggregate; the per-client facts the
+    server reports (sample counts, losses, bytes each client would have sent) travel beside it.
+    """
+
+    client_ids: list[int]
+    num_samples: list[int]
+    message: Any
+    metrics: list[dict[str, float]]
+    bytes_up: int  # sum over the clients of their encoded update size
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_ids)
+
+
 @dataclass(frozen=True)
 class RoundInfo:
     """Facts about one round that aggregators and attacks may use.
@@ -87,4 +109,6 @@ class RoundStats:
     tasks: int = 0
     aggregate_s: float = 0.0
     evaluate_s: float = 0.0
+    # Further server-side phases an algorithm reports (FedAwS: index_s, spreadout_s).
+    server_times: dict[str, float] = field(default_factory=dict)
     eval: dict[str, float] = field(default_factory=dict)

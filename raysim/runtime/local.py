@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from raysim.core.algorithm import RunContext
-from raysim.core.clients import train_clients
+from raysim.core.clients import single_class_of_clients, train_clients
 from raysim.core.server import Server, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
@@ -22,7 +22,12 @@ class LocalBackend:
         self.ctx = ctx
         self.dataset = dataset
         self.split = split
-        self.server = Server(ctx, dataset.test_x, dataset.test_y)
+        self.server = Server(
+            ctx,
+            dataset.test_x,
+            dataset.test_y,
+            single_class_of_clients(dataset.train_y, split.indices, split.offsets),
+        )
         self.algorithm = build_algorithm(ctx)
 
     def run_round(
@@ -41,6 +46,7 @@ class LocalBackend:
             self.split.offsets,
             info.round_index,
             info.trained_ids,
+            self.server.personal_payloads(info.trained_ids),
         )
         clients_s = time.perf_counter() - started
         self.server.add(updates)

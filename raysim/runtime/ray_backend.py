@@ -20,7 +20,7 @@ import ray
 
 from raysim.config import RuntimeConfig
 from raysim.core.algorithm import RunContext
-from raysim.core.clients import chunk_clients, train_clients
+from raysim.core.clients import chunk_clients, single_class_of_clients, train_clients
 from raysim.core.server import Server, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
@@ -107,13 +107,25 @@ def load_dataset_in_cluster(config) -> tuple[Dataset, ray.ObjectRef]:
 
 
 @ray.remote
-def _client_task(run_ref: list, payload, round_index: int, client_ids: np.ndarray) -> list:
+def _client_task(
+    run_ref: list, payload, round_index: int, client_ids: np.ndarray, personal=None
+) -> list:
     # run_ref arrives wrapped in a list so Ray passes the reference and the worker can cache
     # the bundle; the payload (new every round) is resolved by Ray before the task starts.
+    # `personal`: the clients' own payloads (FedAwS: their class rows), only theirs.
     started = time.perf_counter()
     ctx, algorithm, train_x, train_y, indices, offsets = _run_bundle(run_ref[0])
     updates = train_clients(
-        ctx, algorithm, payload, train_x, train_y, indices, offsets, round_index, client_ids
+        ctx,
+        algorithm,
+        payload,
+        train_x,
+        train_y,
+        indices,
+        offsets,
+        round_index,
+        client_ids,
+        personal,
     )
     return updates, time.perf_counter() - started
 
@@ -127,9 +139,14 @@ class ServerActor:
     """
 
     def __init__(
-        self, ctx: RunContext, run_ref: list, test_x: np.ndarray, test_y: np.ndarray
+        self,
+        ctx: RunContext,
+        run_ref: list,
+        test_x: np.ndarray,
+        test_y: np.ndarray,
+        client_classes: np.ndarray,
     ) -> None:
-        self.server = Server(ctx, test_x, test_y)
+        self.server = Server(ctx, test_x, test_y, client_classes)
         self.run_ref = run_ref
         clients = ctx.config.clients
         self.task = _client_task.options(num_cpus=clients.num_cpus, num_gpus=clients.num_gpus)
@@ -143,7 +160,13 @@ class ServerActor:
 
     def _dispatch(self, info: RoundInfo, chunks: list[np.ndarray]) -> tuple[int, float, list]:
         refs = [
-            self.task.remote(self.run_ref, self.payload_arg, info.round_index, chunk)
+            self.task.remote(
+                self.run_ref,
+                self.payload_arg,
+                info.round_index,
+                chunk,
+                self.server.personal_payloads(chunk),
+            )
             for chunk in chunks
         ]
         return info.round_index, time.perf_counter(), refs
@@ -220,7 +243,11 @@ class RayBackend:
             )
         )
         self.server = ServerActor.remote(
-            ctx, [run_ref], ray.put(dataset.test_x), ray.put(dataset.test_y)
+            ctx,
+            [run_ref],
+            ray.put(dataset.test_x),
+            ray.put(dataset.test_y),
+            single_class_of_clients(dataset.train_y, split.indices, split.offsets),
         )
         cpus = ray.cluster_resources().get("CPU", 1.0)
         self.parallel_slots = max(1, int(cpus // clients.num_cpus))
