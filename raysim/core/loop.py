@@ -16,6 +16,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,8 +189,13 @@ def run(
     progress: bool = True,
     tensorboard: bool = True,
     resume_from_checkpoint: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> RunResult:
-    """Run a whole simulation and write its outputs to `out_dir`."""
+    """Run a whole simulation and write its outputs to `out_dir`.
+
+    `on_round(record)` is called with each round's metrics record once it is logged (e.g. a
+    Tune trial reports it; raysim/tune.py).
+    """
     restored, history = None, None
     if resume_from_checkpoint:
         restored, history = find_resume_point(out_dir)
@@ -208,6 +214,8 @@ def run(
         f"{backend.describe()}",
         flush=True,
     )
+    if tensorboard:
+        print(f"TensorBoard: tensorboard --logdir {Path(out_dir) / 'tensorboard'}", flush=True)
     rounds, seed = config.run.rounds, config.run.seed
     # Malicious clients are the lowest ids (none unless an attack is configured).
     malicious_below = 0
@@ -292,6 +300,8 @@ def run(
                 last_eval = stats.eval
                 record["eval"] = stats.eval
             outputs.log_round(record)
+            if on_round is not None:
+                on_round(record)
             every = config.run.checkpoint_every
             if last or (every and (round_index + 1) % every == 0):
                 outputs.save_checkpoint(backend.get_state())
