@@ -98,6 +98,22 @@ class ServerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IndexConfig:
+    """The nearest-class index FedAwS mines negatives from (spreadout: topk).
+
+    Each of `shards` holds a contiguous block of class rows (a Ray actor on the Ray backend);
+    `options` go to the backend (e.g. faiss IVF's nlist/nprobe, HNSW's M/ef_search).
+    """
+
+    backend: str = "exact"
+    shards: int = 1
+    retrain_every: int = 50  # rounds between retrainings of a trained index (IVF)
+    num_cpus: float = 1.0  # per shard actor
+    num_gpus: float = 0.0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
     backend: str = "ray"  # 'ray' or 'local'
     num_cpus: int | None = None  # CPUs for a local Ray start (None: all)
@@ -116,6 +132,7 @@ class Config:
     aggregator: PluginConfig = field(default_factory=lambda: PluginConfig(name="auto"))
     attack: AttackConfig = field(default_factory=AttackConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,7 +142,7 @@ class Config:
             value = getattr(self, section.name)
             items = {}
             for f in dataclasses.fields(value):
-                if f.name == "options":
+                if f.name == "options" and section.name != "index":  # plug-in options inline
                     items.update({k: _plain(v) for k, v in value.options.items()})
                 else:
                     items[f.name] = _plain(getattr(value, f.name))
@@ -315,6 +332,7 @@ _TYPE_NAMES = {
     "PluginConfig": PluginConfig,
     "ServerConfig": ServerConfig,
     "RuntimeConfig": RuntimeConfig,
+    "IndexConfig": IndexConfig,
     "AttackConfig": AttackConfig,
 }
 
@@ -327,6 +345,10 @@ def _resolve_type(annotation: Any) -> Any:
 
 def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
     """Check `value` against a field annotation such as 'int | None' or 'int | str'."""
+    if str(annotation).startswith("Mapping"):  # free-form options (e.g. index.options)
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{source}: '{key}' expects a mapping of names to values")
+        return dict(value)
     allowed = [_TYPE_NAMES[t.strip()] for t in str(annotation).split("|")]
     if value is None and type(None) in allowed:
         return None
@@ -422,6 +444,11 @@ def _validate(config: Config, source: str) -> None:
     require(0 <= server.beta2 < 1, "server.beta2", "in [0, 1)", server.beta2)
     require(server.eps > 0, "server.eps", "> 0", server.eps)
     require(finite(server.eps), "server.eps", "finite", server.eps)
+    index = config.index
+    require(index.shards >= 1, "index.shards", ">= 1", index.shards)
+    require(index.retrain_every >= 1, "index.retrain_every", ">= 1", index.retrain_every)
+    require(index.num_cpus >= 0, "index.num_cpus", ">= 0", index.num_cpus)
+    require(index.num_gpus >= 0, "index.num_gpus", ">= 0", index.num_gpus)
     require(
         config.runtime.backend in ("ray", "local"),
         "runtime.backend",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import keyword
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -70,6 +71,9 @@ class Registry:
         }
         checked = {}
         for key, value in options.items():
+            if key not in parameters and _python_name(key) in parameters:
+                checked[key] = _check_value(parameters[_python_name(key)], value, f"{where}.{key}")
+                continue
             if key not in parameters:
                 valid = list(parameters)
                 raise ConfigError(
@@ -80,7 +84,12 @@ class Registry:
         return checked
 
     def build(self, name: str, *args: Any, **options: Any) -> Any:
-        return self.get(name)(*args, **options)
+        return self.get(name)(*args, **{_python_name(k): v for k, v in options.items()})
+
+
+def _python_name(key: str) -> str:
+    """Option keys that are Python keywords (FedAwS's `lambda`) map to `key_` parameters."""
+    return f"{key}_" if keyword.iskeyword(key) else key
 
 
 def _check_value(parameter: inspect.Parameter, value: Any, key: str) -> Any:
