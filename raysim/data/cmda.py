@@ -1,0 +1,345 @@
+"""CMDA (Chang et al., arXiv 2302.13571): clients from k-modes clusters of label vectors.
+
+A multi-label split gives every client its training samples AND its validation samples (the
+test set split over the same clients), because FLAG's metrics (AmAP, WmAP, GmAP) are measured
+on each client's own validation data:
+
+- `kmodes` (CMDA): k-modes (package `kmodes`, Hamming dissimilarity, Huang init by default) with
+  k = number of clients on the training label vectors; client c = cluster c; every validation
+  point goes to the nearest learned mode (the training modes, ties to the lowest client id).
+- `random` / `iid`: a uniformly random split of both sets into near-equal clients.
+- `dirichlet`: label skew on each sample's rarest label ("primary label"): proportions
+  ~ Dirichlet(alpha) per primary label, applied to its training and validation samples alike.
+
+`split_report` measures the label-distribution skew as DESIGN.md §4.2 defines it:
+Ldist_c[l] = (count_c(l) + eps) / sum_l (count_c(l) + eps), the pairwise KL matrix
+KL(Ldist_i || Ldist_j) and its total; `save_split_plots` draws the KL heatmap and the client size
+bar chart as PNG files (Pillow, no plotting library) and logs them to TensorBoard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim.data.partition import ClientSplit, _from_assignment
+from raysim.errors import ConfigError
+
+KL_EPSILON = 1e-3
+MULTILABEL_SPLITS = ("kmodes", "random", "iid", "dirichlet")
+
+
+@dataclass(frozen=True)
+class MultiLabelSplit:
+    """Training and validation samples of every client (CSR over train / test rows)."""
+
+    train: ClientSplit
+    validation: ClientSplit
+    modes: np.ndarray | None = None  # k-modes only: (num_clients, L) uint8 cluster modes
+
+
+def _check_multi_hot(labels: Any, what: str) -> np.ndarray:
+    array = np.asarray(labels)
+    if array.ndim != 2 or len(array) == 0:
+        raise ConfigError(
+            f"partition: {what} must be multi-hot label vectors (n, L), got shape {array.shape}"
+        )
+    return (array != 0).astype(np.uint8)
+
+
+def assign_to_modes(labels: np.ndarray, modes: np.ndarray) -> np.ndarray:
+    """Index of the nearest mode (Hamming distance) of every row; ties -> the lowest index."""
+    labels = np.asarray(labels, dtype=np.int32)
+    modes = np.asarray(modes, dtype=np.int32)
+    # Hamming distance of binary vectors: |a| + |b| - 2 a.b, one matrix product per chunk.
+    assignment = np.empty(len(labels), dtype=np.int64)
+    mode_sizes = modes.sum(axis=1)
+    for start in range(0, len(labels), 65536):
+        chunk = labels[start : start + 65536]
+        distance = chunk.sum(axis=1, keepdims=True) + mode_sizes[None, :] - 2 * chunk @ modes.T
+        assignment[start : start + 65536] = np.argmin(distance, axis=1)
+    return assignment
+
+
+def kmodes_modes(
+    train_labels: np.ndarray, num_clients: int, seed: int, init: str = "Huang", n_init: int = 1
+) -> np.ndarray:
+    """k-modes cluster modes (num_clients, L) of the training label vectors."""
+    from kmodes.kmodes import KModes
+
+    labels = _check_multi_hot(train_labels, "labels")
+    if not 1 <= num_clients <= len(labels):
+        raise ConfigError(
+            f"'partition.num_clients' must be in [1, {len(labels)}] for k-modes, got {num_clients}"
+        )
+    model = KModes(
+        n_clusters=num_clients, init=init, n_init=n_init, random_state=seed % (2**31), n_jobs=1
+    )
+    model.fit(labels)
+    return np.asarray(model.cluster_centroids_, dtype=np.uint8)
+
+
+def kmodes_split(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    init: str = "Huang",
+) -> MultiLabelSplit:
+    """CMDA: client c = k-modes cluster c; validation points go to the nearest training mode."""
+    modes = kmodes_modes(train_labels, num_clients, seed, init)
+    train_clients = assign_to_modes(_check_multi_hot(train_labels, "labels"), modes)
+    test_clients = assign_to_modes(_check_multi_hot(test_labels, "test labels"), modes)
+    return MultiLabelSplit(
+        _from_assignment(train_clients, num_clients),
+        _from_assignment(test_clients, num_clients),
+        modes,
+    )
+
+
+def _even_random(count: int, num_clients: int, rng: np.random.Generator) -> np.ndarray:
+    client_of = np.empty(count, dtype=np.int64)
+    client_of[rng.permutation(count)] = np.arange(count, dtype=np.int64) % num_clients
+    return client_of
+
+
+def random_split(
+    train_labels: np.ndarray, test_labels: np.ndarray, num_clients: int, seed: int
+) -> MultiLabelSplit:
+    """Uniformly random clients of near-equal size, for training and validation alike."""
+    rng = np.random.default_rng(seed)
+    train = _even_random(len(train_labels), num_clients, rng)
+    test = _even_random(len(test_labels), num_clients, rng)
+    return MultiLabelSplit(
+        _from_assignment(train, num_clients), _from_assignment(test, num_clients)
+    )
+
+
+def primary_labels(labels: np.ndarray, frequency: np.ndarray) -> np.ndarray:
+    """Each row's rarest positive label (by `frequency`; ties -> lowest id); -1 for none."""
+    labels = np.asarray(labels) != 0
+    rarity = np.where(labels, frequency[None, :], np.inf)
+    primary = np.argmin(rarity, axis=1).astype(np.int64)
+    primary[~labels.any(axis=1)] = -1
+    return primary
+
+
+def dirichlet_split(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    alpha: float = 0.5,
+) -> MultiLabelSplit:
+    """Dirichlet(alpha) label skew over each sample's primary (rarest) label."""
+    if not alpha > 0:
+        raise ConfigError(f"'partition.alpha' must be > 0, got {alpha!r}")
+    train_labels = _check_multi_hot(train_labels, "labels")
+    test_labels = _check_multi_hot(test_labels, "test labels")
+    frequency = train_labels.mean(axis=0)
+    train_primary = primary_labels(train_labels, frequency)
+    test_primary = primary_labels(test_labels, frequency)
+    rng = np.random.default_rng(seed)
+    concentration = np.full(num_clients, float(alpha))
+    clients = np.arange(num_clients, dtype=np.int64)
+    assignments = []
+    proportions = {
+        label: rng.dirichlet(concentration) for label in range(-1, train_labels.shape[1])
+    }
+    for primary in (train_primary, test_primary):
+        client_of = np.empty(len(primary), dtype=np.int64)
+        for label, share in proportions.items():
+            members = rng.permutation(np.flatnonzero(primary == label))
+            cuts = np.floor(np.cumsum(share) * len(members)).astype(np.int64)
+            cuts[-1] = len(members)
+            client_of[members] = np.repeat(clients, np.diff(cuts, prepend=0))
+        assignments.append(client_of)
+    return MultiLabelSplit(
+        _from_assignment(assignments[0], num_clients),
+        _from_assignment(assignments[1], num_clients),
+    )
+
+
+def split_multilabel(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    name: str,
+    num_clients: int,
+    seed: int,
+    *,
+    alpha: float = 0.5,
+) -> MultiLabelSplit:
+    """The multi-label split called `name` (partition.name): kmodes, random/iid or dirichlet."""
+    if name == "kmodes":
+        return kmodes_split(train_labels, test_labels, num_clients, seed)
+    if name in ("random", "iid"):
+        return random_split(train_labels, test_labels, num_clients, seed)
+    if name == "dirichlet":
+        return dirichlet_split(train_labels, test_labels, num_clients, seed, alpha)
+    raise ConfigError(
+        f"partition '{name}' does not split multi-label data; choose one of "
+        f"{', '.join(MULTILABEL_SPLITS)}"
+    )
+
+
+# --- partitioner entries (training split only; registered in raysim.data.partition) ----------
+
+
+def kmodes(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
+    """partition.name 'kmodes': the CMDA training split (client c = k-modes cluster c)."""
+    labels = _check_multi_hot(labels, "labels")
+    modes = kmodes_modes(labels, num_clients, seed)
+    return _from_assignment(assign_to_modes(labels, modes), num_clients)
+
+
+def random(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
+    """partition.name 'random': uniformly random near-equal clients (any label shape)."""
+    return random_split(labels, labels[:1], num_clients, seed).train
+
+
+# --- label-distribution skew ----------------------------------------------------------------------
+
+
+def client_label_counts(labels: np.ndarray, split: ClientSplit) -> np.ndarray:
+    """(num_clients, L) int64: how many samples of each client carry each label."""
+    labels = np.asarray(labels) != 0
+    counts = np.zeros((split.num_clients, labels.shape[1]), dtype=np.int64)
+    np.add.at(counts, split.client_ids(), labels[split.indices].astype(np.int64))
+    return counts
+
+
+def label_distributions(counts: np.ndarray, epsilon: float = KL_EPSILON) -> np.ndarray:
+    """Ldist_c[l] = (count_c(l) + eps) / sum_l (count_c(l) + eps), float64 (K, L)."""
+    smoothed = np.asarray(counts, dtype=np.float64) + epsilon
+    return smoothed / smoothed.sum(axis=1, keepdims=True)
+
+
+def pairwise_kl(distributions: np.ndarray) -> np.ndarray:
+    """KL(P_i || P_j) for every pair of clients (K, K); zero diagonal."""
+    p = np.asarray(distributions, dtype=np.float64)
+    log_p = np.log(p)
+    # KL(i||j) = sum_l p_i log p_i - sum_l p_i log p_j (>= 0; clip float rounding)
+    kl = np.maximum((p * log_p).sum(axis=1)[:, None] - p @ log_p.T, 0.0)
+    np.fill_diagonal(kl, 0.0)
+    return kl
+
+
+def split_report(
+    labels: np.ndarray, split: ClientSplit, epsilon: float = KL_EPSILON
+) -> dict[str, Any]:
+    """Sizes, label distributions, pairwise KL matrix and its total for one split."""
+    counts = client_label_counts(labels, split)
+    distributions = label_distributions(counts, epsilon)
+    kl = pairwise_kl(distributions)
+    sizes = split.sizes
+    nonempty = sizes[sizes > 0]
+    return {
+        "sizes": sizes,
+        "label_counts": counts,
+        "label_distributions": distributions,
+        "kl_matrix": kl,
+        "kl_total": float(kl.sum()),
+        "size_ratio": float(nonempty.max() / nonempty.min()) if len(nonempty) else float("nan"),
+    }
+
+
+def describe_report(report: dict[str, Any], title: str = "") -> str:
+    """Readable text of `split_report` (what `raysim partition` and the example print)."""
+    sizes = report["sizes"]
+    lines = [
+        f"{title}clients {len(sizes)}  sizes min {sizes.min()} max {sizes.max()} "
+        f"(largest/smallest {report['size_ratio']:.2f})  total pairwise KL "
+        f"{report['kl_total']:.4g}",
+        f"{'client':>6} {'size':>7}  top labels (label:count)",
+    ]
+    for client, counts in enumerate(report["label_counts"]):
+        top = np.argsort(-counts, kind="stable")[:6]
+        text = " ".join(f"{label}:{counts[label]}" for label in top if counts[label])
+        lines.append(f"{client:>6} {sizes[client]:>7}  {text}")
+    return "\n".join(lines)
+
+
+# --- plots (PNG via Pillow; the same images go to TensorBoard) --------------------------------
+
+
+def _viridis(values: np.ndarray) -> np.ndarray:
+    """A small viridis-like colour map: values in [0, 1] -> uint8 RGB."""
+    anchors = np.array(
+        [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], float
+    )
+    position = np.clip(values, 0, 1) * (len(anchors) - 1)
+    low = np.floor(position).astype(int).clip(0, len(anchors) - 2)
+    fraction = (position - low)[..., None]
+    return (anchors[low] * (1 - fraction) + anchors[low + 1] * fraction).astype(np.uint8)
+
+
+def heatmap_image(matrix: np.ndarray, title: str, cell: int = 36) -> np.ndarray:
+    """RGB uint8 image of a square matrix with row/column numbers, values and a title."""
+    from PIL import Image, ImageDraw
+
+    size = len(matrix)
+    margin, top = 40, 30
+    image = Image.new("RGB", (margin + size * cell + 10, top + margin + size * cell), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((margin, 8), title, fill="black")
+    peak = float(matrix.max()) if matrix.size and matrix.max() > 0 else 1.0
+    colours = _viridis(matrix / peak)
+    for i in range(size):
+        draw.text((8, top + margin + i * cell + cell // 3), str(i), fill="black")
+        draw.text((margin + i * cell + cell // 3, top + 12), str(i), fill="black")
+        for j in range(size):
+            x0, y0 = margin + j * cell, top + margin + i * cell
+            draw.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=tuple(colours[i, j]))
+            value = matrix[i, j]
+            text = f"{value:.2f}" if value < 10 else f"{value:.0f}"
+            shade = "white" if matrix[i, j] / peak < 0.5 else "black"
+            draw.text((x0 + 3, y0 + cell // 3), text, fill=shade)
+    return np.asarray(image)
+
+
+def bar_chart_image(values: np.ndarray, title: str, height: int = 200, bar: int = 28) -> np.ndarray:
+    """RGB uint8 bar chart (one bar per client, value printed above it) with a title."""
+    from PIL import Image, ImageDraw
+
+    count = len(values)
+    left, top, bottom = 10, 40, 20
+    image = Image.new("RGB", (left * 2 + count * bar, top + height + bottom), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((left, 8), title, fill="black")
+    peak = max(float(np.max(values)), 1.0) if count else 1.0
+    for i, value in enumerate(values):
+        bar_height = int(round(height * float(value) / peak))
+        x0 = left + i * bar
+        y0 = top + height - bar_height
+        draw.rectangle([x0 + 2, y0, x0 + bar - 3, top + height], fill=(59, 82, 139))
+        draw.text((x0 + 2, max(top - 12, y0 - 12)), str(int(value)), fill="black")
+        draw.text((x0 + bar // 3, top + height + 4), str(i), fill="black")
+    return np.asarray(image)
+
+
+def save_split_plots(
+    report: dict[str, Any], out_dir: str | Path, prefix: str = "split", writer=None, step: int = 0
+) -> dict[str, Path]:
+    """Write `{prefix}_kl_heatmap.png` and `{prefix}_sizes.png`; also to TensorBoard if a
+    SummaryWriter is given. Returns the PNG paths."""
+    from PIL import Image
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = {
+        "kl_heatmap": heatmap_image(
+            report["kl_matrix"], f"{prefix}: pairwise KL, total {report['kl_total']:.4g}"
+        ),
+        "sizes": bar_chart_image(report["sizes"], f"{prefix}: client sizes"),
+    }
+    paths = {}
+    for name, image in images.items():
+        path = out_dir / f"{prefix}_{name}.png"
+        Image.fromarray(image).save(path)
+        paths[name] = path
+        if writer is not None:
+            writer.add_image(f"{prefix}/{name}", image, step, dataformats="HWC")
+    return paths
