@@ -216,12 +216,13 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        reason = getattr(error, "problem", None) or str(error)
+        reason = " ".join(str(getattr(error, "problem", None) or error).split())  # one line
         raise ConfigError(f"{path}:{where}: invalid YAML: {reason}") from None
     except (ValueError, TypeError, OverflowError, RecursionError) as error:
         # PyYAML's constructors raise these for e.g. an explicit `!!timestamp 2001-13-01`,
         # `!!int` of a non-number, or absurdly deep nesting.
-        raise ConfigError(f"{path}: invalid YAML value: {error}") from None
+        reason = " ".join(str(error).split())
+        raise ConfigError(f"{path}: invalid YAML value: {reason}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     return from_dict(raw, overrides, source=str(path))

@@ -147,7 +147,7 @@ attacks = Registry("attack")
 # --- built-in plug-ins -------------------------------------------------------------------------
 for _name in ("digits", "synthetic_classification", "mnist", "cifar10", "cifar100", "femnist"):
     datasets.register(_name, f"raysim.data.datasets:load_{_name}")
-for _name in ("iid", "dirichlet", "shards", "one_class", "natural"):
+for _name in ("iid", "dirichlet", "shards", "one_class", "natural", "kmodes", "random"):
     partitioners.register(_name, f"raysim.data.partition:{_name}")
 for _name in ("mlp", "lenet", "conv2", "conv4", "conv6", "conv8"):
     models.register(_name, f"raysim.models.classic:{_name}")
@@ -169,3 +169,15 @@ attacks.register("sign_flip", "raysim.attacks.sign_flip:SignFlip")
 attacks.register("naive_scaling", "raysim.attacks.naive_scaling:NaiveScaling")
 for _name in ("sgd", "adagrad", "adam"):
     server_optimizers.register(_name, f"raysim.core.server_optimizers:{_name}")
+
+# --- multi-label (FLAG + CMDA) --------------------------------------------------------------------
+datasets.register("synthetic_multilabel", "raysim.data.multilabel:load_synthetic_multilabel")
+models.register("mlp_bn", "raysim.models.multilabel:mlp_bn")
+algorithms.register("flag", "raysim.algorithms.flag:FLAG")
+algorithms.register("multilabel_fedavg", "raysim.algorithms.flag:MultiLabelAveraging")
+algorithms.register("multilabel_fedprox", "raysim.algorithms.flag:MultiLabelFedProx")
+algorithms.register("local_only", "raysim.algorithms.personalized:LocalOnly")
+algorithms.register("personal_bn", "raysim.algorithms.personalized:PersonalBN")
+algorithms.register("personal_classifier", "raysim.algorithms.personalized:PersonalClassifier")
+algorithms.register("per_fedavg", "raysim.algorithms.personalized:PerFedAvg")
+aggregators.register("stack", "raysim.algorithms.flag:StackUpdates")

@@ -10,6 +10,7 @@ for each round:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -120,9 +121,14 @@ def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
 
 
 def run_context(config: Config, dataset: Dataset) -> RunContext:
-    return RunContext(
+    ctx = RunContext(
         config, tuple(dataset.train_x.shape[1:]), dataset.num_classes, dataset.num_features
     )
+    if np.ndim(dataset.train_y) == 2:  # multi-hot labels: clients also get validation rows
+        from raysim.data.cmda import client_validation_split
+
+        ctx = dataclasses.replace(ctx, client_validation=client_validation_split(config, dataset))
+    return ctx
 
 
 def _start(config: Config, address: str | None):

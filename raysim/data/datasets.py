@@ -15,9 +15,11 @@ from __future__ import annotations
 import glob
 import gzip
 import json
+import math
 import operator
 import os
 import pickle
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -229,8 +231,8 @@ def _read_idx(path: str, expected_dims: int) -> np.ndarray:
         else:
             with open(path, "rb") as handle:
                 raw = handle.read()
-    except (OSError, EOFError) as error:
-        raise DataError(f"cannot read {path}: {error}") from None
+    except (OSError, EOFError, zlib.error) as error:  # zlib.error: a corrupted .gz stream
+        raise DataError(f"cannot read {path}: {error} (truncated or corrupted?)") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise DataError(f"{path} is not an idx file (bad magic number; truncated or corrupted?)")
     if raw[2] != 0x08:
@@ -242,7 +244,7 @@ def _read_idx(path: str, expected_dims: int) -> np.ndarray:
     if len(raw) < header:
         raise DataError(f"{path}: truncated idx header")
     shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims))
-    expected = header + int(np.prod(shape, dtype=np.int64))
+    expected = header + math.prod(shape)  # exact: np.prod would wrap around for huge shapes
     if len(raw) != expected:
         raise DataError(
             f"{path}: idx header says shape {shape} ({expected} bytes in all) but the "
@@ -359,15 +361,19 @@ def _read_cifar_batch(path: str, label_key: str, num_classes: int) -> tuple[np.n
         raise DataError(
             f"{path}: b'data' must be a uint8 array of shape (n, 3072), got {description}"
         )
-    try:
-        labels = np.asarray(batch[label_key], dtype=np.int64)
-    except (TypeError, ValueError):
-        raise DataError(f"{path}: b'{label_key}' must be a list of integers") from None
+    labels = batch[label_key]
+    if isinstance(labels, np.ndarray) and labels.dtype.kind in "iu":
+        labels = labels.tolist()
+    if not isinstance(labels, list) or not all(
+        isinstance(label, int) and not isinstance(label, bool) for label in labels
+    ):
+        raise DataError(f"{path}: b'{label_key}' must be a list of integers")
+    for label in labels:  # before the int64 conversion, which would overflow on huge values
+        if not 0 <= label < num_classes:
+            raise DataError(f"{path}: label {label} is out of range [0, {num_classes})")
+    labels = np.asarray(labels, dtype=np.int64)
     if labels.shape != (len(data),):
         raise DataError(f"{path}: {len(data)} images but b'{label_key}' has shape {labels.shape}")
-    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        bad = labels[(labels < 0) | (labels >= num_classes)][0]
-        raise DataError(f"{path}: label {bad} is out of range [0, {num_classes})")
     return data.reshape(-1, 3, 32, 32), labels
 
 
@@ -465,6 +471,8 @@ def _read_leaf_file(path: str) -> tuple[list[str], dict]:
         ) from None
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"cannot read {path}: {error}") from None
+    except (ValueError, RecursionError) as error:  # an over-long integer; absurd nesting
+        raise DataError(f"{path}: not a LEAF json file: {error}") from None
     if not isinstance(content, dict):
         raise DataError(f"{path}: expected a JSON object with keys 'users' and 'user_data'")
     for key in ("users", "user_data"):
@@ -498,19 +506,24 @@ def _leaf_user_arrays(path: str, user: str, user_data: dict) -> tuple[np.ndarray
                 f"(a flattened 28x28 image)"
             )
     try:
-        x = np.asarray(x_rows, dtype=np.float32).reshape(-1, 1, 28, 28)
-    except (TypeError, ValueError):
+        # Without a dtype first: strings, booleans and None must not be converted silently.
+        pixels = np.asarray(x_rows) if x_rows else np.zeros((0, 784), dtype=np.float32)
+    except (TypeError, ValueError, OverflowError):
         raise DataError(f"{where}: x must contain only numbers") from None
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in y_values):
-        raise DataError(f"{where}: y must contain only integer labels")
-    y = np.asarray(y_values, dtype=np.int64)
-    bad = (y < 0) | (y >= FEMNIST_CLASSES)
-    if bad.any():
-        raise DataError(
-            f"{where}: label y[{int(np.argmax(bad))}] = {y[bad][0]} is out of range "
-            f"[0, {FEMNIST_CLASSES})"
-        )
-    return x, y
+    if pixels.dtype.kind not in "fiu":
+        raise DataError(f"{where}: x must contain only numbers")
+    with np.errstate(over="ignore"):
+        x = pixels.astype(np.float32).reshape(-1, 1, 28, 28)
+    if not np.isfinite(x).all():
+        raise DataError(f"{where}: x must contain only finite numbers (float32 range)")
+    for index, label in enumerate(y_values):
+        if isinstance(label, bool) or not isinstance(label, int):
+            raise DataError(f"{where}: y must contain only integer labels")
+        if not 0 <= label < FEMNIST_CLASSES:
+            raise DataError(
+                f"{where}: label y[{index}] = {label} is out of range [0, {FEMNIST_CLASSES})"
+            )
+    return x, np.asarray(y_values, dtype=np.int64)
 
 
 def _read_leaf_split(

@@ -13,12 +13,14 @@ from raysim.core.server import Server, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
+from raysim.runtime import client_state
 
 
 class LocalBackend:
     name = "local"
 
     def __init__(self, ctx: RunContext, dataset: Dataset, split: ClientSplit) -> None:
+        ctx = client_state.attach(ctx, "local")  # a store only if the algorithm uses one
         self.ctx = ctx
         self.dataset = dataset
         self.split = split
@@ -56,10 +58,10 @@ class LocalBackend:
         return stats
 
     def get_state(self) -> ServerState:
-        return self.server.get_state()
+        return client_state.with_store(self.server.get_state(), self.ctx)
 
     def set_state(self, state: ServerState) -> None:
-        self.server.set_state(state)
+        self.server.set_state(client_state.without_store(state, self.ctx))
 
     def server_peak_rss_bytes(self) -> int:
         from raysim.outputs import peak_rss_bytes

@@ -27,6 +27,7 @@ from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
 from raysim.errors import RaysimError
 from raysim.outputs import peak_rss_bytes
+from raysim.runtime import client_state
 
 # Task results up to this size travel inline to their owner (the server actor) instead of
 # through the shared-memory object store: a round of small client updates (e.g. 10 x 38 KB)
@@ -230,6 +231,7 @@ class RayBackend:
         self, ctx: RunContext, dataset: Dataset, split: ClientSplit, train_x_ref: ray.ObjectRef
     ) -> None:
         """Ray must be connected (see `connect`); `train_x_ref` holds the training features."""
+        ctx = client_state.attach(ctx, "ray")  # a store actor only if the algorithm uses one
         self.ctx = ctx
         clients = ctx.config.clients
         run_ref = ray.put(
@@ -293,9 +295,10 @@ class RayBackend:
         return stats
 
     def get_state(self) -> ServerState:
-        return ray.get(self.server.get_state.remote())
+        return client_state.with_store(ray.get(self.server.get_state.remote()), self.ctx)
 
     def set_state(self, state: ServerState) -> None:
+        state = client_state.without_store(state, self.ctx)
         ray.get(self.server.set_state.remote(state))
 
     def server_peak_rss_bytes(self) -> int:
@@ -311,3 +314,5 @@ class RayBackend:
 
     def shutdown(self) -> None:
         ray.kill(self.server)
+        if self.ctx.client_state is not None:
+            self.ctx.client_state.shutdown()
