@@ -355,3 +355,30 @@ class FLAG(MultiLabelAveraging):
             optimizer=optimizer,
             schedule=schedule,
         )
+
+
+class MultiLabelFedProx(MultiLabelAveraging):
+    """FedProx (Li et al., MLSys 2020) on multi-label data: FedAvg plus (mu/2)||w - w_t||^2."""
+
+    def __init__(
+        self,
+        *,
+        mu: float = 0.01,
+        weighting: str = "samples",
+        loss: str = "asl",
+        gamma_neg: float = 4.0,
+        gamma_pos: float = 0.0,
+        clip: float = 0.05,
+        optimizer: str = "adam",
+        schedule: str = "onecycle",
+    ) -> None:
+        super().__init__(
+            weighting=weighting,
+            mu=mu,
+            loss=loss,
+            gamma_neg=gamma_neg,
+            gamma_pos=gamma_pos,
+            clip=clip,
+            optimizer=optimizer,
+            schedule=schedule,
+        )

@@ -9,7 +9,7 @@ never the algorithm's.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,6 +28,12 @@ class RunContext:
     num_classes: int
     # Vocabulary size of sparse bag-of-words inputs (Dataset.num_features); None: dense inputs.
     num_features: int | None = None
+    # Multi-label data: each client's validation rows of the test set (a ClientSplit over
+    # test_x; FLAG's AmAP/GmAP). None when the split has no per-client validation.
+    client_validation: Any = field(default=None, compare=False)
+    # The explicit client state store (raysim.runtime.client_state) when the algorithm
+    # declares `uses_client_state = True`; None otherwise.
+    client_state: Any = field(default=None, compare=False)
 
     @property
     def seed(self) -> int:

@@ -64,13 +64,37 @@ def assign_to_modes(labels: np.ndarray, modes: np.ndarray) -> np.ndarray:
     return assignment
 
 
+# k-modes is fitted once per (labels, k, seed, init) and process: the training split and the
+# validation assignment of one run ask for the same modes.
+_MODES_CACHE: dict[tuple, np.ndarray] = {}
+
+
 def kmodes_modes(
     train_labels: np.ndarray, num_clients: int, seed: int, init: str = "Huang", n_init: int = 1
 ) -> np.ndarray:
     """k-modes cluster modes (num_clients, L) of the training label vectors."""
-    from kmodes.kmodes import KModes
+    import hashlib
 
     labels = _check_multi_hot(train_labels, "labels")
+    key = (
+        hashlib.sha1(np.ascontiguousarray(labels).tobytes()).hexdigest(),
+        labels.shape,
+        num_clients,
+        seed,
+        init,
+        n_init,
+    )
+    if key not in _MODES_CACHE:
+        _MODES_CACHE.clear()
+        _MODES_CACHE[key] = _fit_kmodes(labels, num_clients, seed, init, n_init)
+    return _MODES_CACHE[key].copy()
+
+
+def _fit_kmodes(
+    labels: np.ndarray, num_clients: int, seed: int, init: str, n_init: int
+) -> np.ndarray:
+    from kmodes.kmodes import KModes
+
     if not 1 <= num_clients <= len(labels):
         raise ConfigError(
             f"'partition.num_clients' must be in [1, {len(labels)}] for k-modes, got {num_clients}"
@@ -183,6 +207,18 @@ def split_multilabel(
         f"partition '{name}' does not split multi-label data; choose one of "
         f"{', '.join(MULTILABEL_SPLITS)}"
     )
+
+
+def client_validation_split(config, dataset) -> ClientSplit:
+    """Each client's validation rows of `dataset`'s test set for the run's partition
+    (same seed as the training split, so k-modes reuses the training modes)."""
+    from raysim.core.sampling import PARTITION, purpose_seed
+
+    part = config.partition
+    seed = purpose_seed(config.run.seed, PARTITION)
+    return split_multilabel(
+        dataset.train_y, dataset.test_y, part.name, part.num_clients, seed, alpha=part.alpha
+    ).validation
 
 
 # --- partitioner entries (training split only; registered in raysim.data.partition) ----------

@@ -292,12 +292,28 @@ def natural(groups: np.ndarray | None, num_clients: int, seed: int) -> ClientSpl
     return _from_assignment(client_of_group[group_of], num_clients)
 
 
+def kmodes(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
+    """CMDA: clients = k-modes clusters of multi-hot label vectors (raysim.data.cmda)."""
+    from raysim.data import cmda
+
+    return cmda.kmodes(labels, num_clients, seed)
+
+
+def random(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
+    """Uniformly random near-equal clients for any label shape (raysim.data.cmda)."""
+    from raysim.data import cmda
+
+    return cmda.random(labels, num_clients, seed)
+
+
 PARTITIONERS: dict[str, Callable[..., ClientSplit]] = {
     "iid": iid,
     "dirichlet": dirichlet,
     "shards": shards,
     "one_class": one_class,
     "natural": natural,
+    "kmodes": kmodes,
+    "random": random,
 }
 
 
@@ -317,6 +333,18 @@ def make_split(
         raise ConfigError(
             f"unknown partition.name '{name}'{closest(name, choices)}; "
             f"choices: {', '.join(choices)}"
+        )
+    if np.ndim(dataset.train_y) == 2 and name != "natural":
+        # Multi-hot labels: the multi-label splits, which also place the validation set.
+        from raysim.data.cmda import split_multilabel
+
+        return split_multilabel(
+            dataset.train_y, dataset.test_y, name, num_clients, seed, alpha=alpha
+        ).train
+    if name == "kmodes":
+        raise ConfigError(
+            f"partition 'kmodes' clusters multi-hot label vectors; dataset '{dataset.name}' "
+            f"is single-label"
         )
     if name == "natural":
         if dataset.train_groups is None:

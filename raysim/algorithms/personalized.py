@@ -1,0 +1,276 @@
+"""Personalised multi-label baselines of FLAG's paper, all on the explicit client state store.
+
+- Local only: every client trains its own model and never shares it.
+- Personal BN (FedBN, Li et al., ICLR 2021): BatchNorm parameters and statistics stay on the
+  client; everything else is averaged.
+- Personal classifier (FedPer, Arivazhagan et al. 2019): the last linear layer stays on the
+  client; the body is averaged.
+- Per-FedAvg, first-order (Fallah et al., NeurIPS 2020): MAML-style local steps
+  w <- w - beta * grad L_D'(w - alpha * grad L_D(w)) with the outer gradient taken at the
+  adapted point (first-order approximation); a client's personal model is the global model
+  after one adaptation step (alpha) on its data, made when it is sampled.
+
+Personal parts live in the client state store (`ctx.client_state`, raysim.runtime.client_state)
+keyed by client id: a client task reads them before training and writes them back after, and
+the store is checkpointed with the server. Only the shared entries cross the wire. AmAP / WmAP
+use each client's personalised model; GmAP uses the shared global model (Local only has none:
+its GmAP is not reported).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim.algorithms.flag import (
+    MultiLabelAveraging,
+    evaluate_multilabel,
+    label_statistics,
+    local_multilabel_training,
+)
+from raysim.core.algorithm import RunContext
+from raysim.core.state import ClientUpdate, ServerState
+from raysim.errors import ConfigError
+from raysim.models.vector import _tensors, cached_model, get_vector, set_vector
+
+PERSONAL_PARTS = ("all", "bn", "classifier")
+_MASK_CACHE: dict[tuple[str, str], np.ndarray] = {}
+
+
+def personal_mask(model: nn.Module, part: str) -> np.ndarray:
+    """Boolean mask over the model's flat vector (raysim.models.vector order) of the entries
+    that stay on the client: 'all', 'bn' (every BatchNorm tensor) or 'classifier' (the last
+    Linear layer)."""
+    if part not in PERSONAL_PARTS:
+        raise ConfigError(f"personal part must be one of {', '.join(PERSONAL_PARTS)}: {part!r}")
+    if part == "bn":
+        keep = {
+            id(t)
+            for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)
+            for t in m.state_dict(keep_vars=True).values()
+        }
+        if not keep:
+            raise ConfigError(
+                "'personal_bn' needs a model with BatchNorm layers (e.g. model.name: mlp_bn)"
+            )
+    elif part == "classifier":
+        linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        if not linears:
+            raise ConfigError("'personal_classifier' needs a model ending in a Linear layer")
+        keep = {id(t) for t in linears[-1].state_dict(keep_vars=True).values()}
+    pieces = []
+    for tensor in _tensors(model):
+        personal = part == "all" or id(tensor) in keep
+        pieces.append(np.full(tensor.numel(), personal, dtype=bool))
+    return np.concatenate(pieces)
+
+
+class PersonalizedAveraging(MultiLabelAveraging):
+    """Averaging of the shared entries; `part` of the model is kept per client in the store."""
+
+    uses_client_state = True
+    part = "all"
+
+    def __init__(
+        self,
+        *,
+        weighting: str = "samples",
+        mu: float = 0.0,
+        loss: str = "asl",
+        gamma_neg: float = 4.0,
+        gamma_pos: float = 0.0,
+        clip: float = 0.05,
+        optimizer: str = "adam",
+        schedule: str = "onecycle",
+    ) -> None:
+        super().__init__(
+            weighting=weighting,
+            mu=mu,
+            loss=loss,
+            gamma_neg=gamma_neg,
+            gamma_pos=gamma_pos,
+            clip=clip,
+            optimizer=optimizer,
+            schedule=schedule,
+            keep_client_models=False,  # client models come from the store
+        )
+
+    def mask(self, ctx: RunContext) -> np.ndarray:
+        key = (ctx.model_key(), self.part)
+        if key not in _MASK_CACHE:
+            _MASK_CACHE[key] = personal_mask(cached_model(ctx), self.part)
+        return _MASK_CACHE[key]
+
+    def personal_model(self, global_params: np.ndarray, stored: dict | None, ctx) -> np.ndarray:
+        """The client's model: the global vector with its personal entries (if any) in place."""
+        params = np.array(global_params, dtype=np.float32, copy=True)
+        if stored is not None:
+            params[self.mask(ctx)] = stored["personal"]
+        return params
+
+    def client_update(
+        self,
+        payload: np.ndarray,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        client_id: int,
+        generator: torch.Generator,
+        ctx: RunContext,
+    ) -> ClientUpdate:
+        mask = self.mask(ctx)
+        store = ctx.client_state
+        start = self.personal_model(payload, store.get(client_id), ctx)
+        model = cached_model(ctx)
+        set_vector(model, start)
+        loss = float("nan")
+        if len(y):
+            loss = local_multilabel_training(
+                model, x, y, generator, ctx, self.loss_fn, self.optimizer, self.schedule, self.mu
+            )
+        trained = get_vector(model)
+        store.put(client_id, {"personal": trained[mask]})
+        shared_delta = (trained - start)[~mask]  # only the shared entries are sent
+        return ClientUpdate(
+            client_id=client_id,
+            num_samples=len(y),
+            message={"delta": shared_delta, "label_stats": label_statistics(y.numpy())},
+            metrics={"loss": loss},
+        )
+
+    def decode_update(self, message: dict, ctx: RunContext) -> np.ndarray:
+        mask = self.mask(ctx)
+        full = np.zeros(len(mask) + 2, dtype=np.float64)
+        full[:-2][~mask] = message["delta"]
+        full[-2:] = message["label_stats"]
+        return full
+
+    def client_models(self, state: ServerState, ctx: RunContext) -> dict[int, np.ndarray]:
+        store = ctx.client_state
+        return {
+            client: self.personal_model(state.arrays["params"], store.get(client), ctx)
+            for client in store.client_ids()
+        }
+
+    def evaluate(
+        self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
+    ) -> dict[str, float]:
+        global_params = None if self.part == "all" else state.arrays["params"]
+        return evaluate_multilabel(
+            cached_model(ctx), global_params, self.client_models(state, ctx), x, y, ctx
+        )
+
+
+class LocalOnly(PersonalizedAveraging):
+    """Every client trains only its own model (kept in the store); nothing is shared."""
+
+    part = "all"
+
+
+class PersonalBN(PersonalizedAveraging):
+    """FedBN: BatchNorm layers stay on the client."""
+
+    part = "bn"
+
+
+class PersonalClassifier(PersonalizedAveraging):
+    """FedPer: the last linear layer stays on the client."""
+
+    part = "classifier"
+
+
+class PerFedAvg(MultiLabelAveraging):
+    """Per-FedAvg, first-order (Fallah et al. 2020); personal models kept in the store."""
+
+    uses_client_state = True
+
+    def __init__(
+        self,
+        *,
+        inner_lr: float = 0.01,
+        weighting: str = "samples",
+        loss: str = "asl",
+        gamma_neg: float = 4.0,
+        gamma_pos: float = 0.0,
+        clip: float = 0.05,
+        optimizer: str = "adam",
+    ) -> None:
+        super().__init__(
+            weighting=weighting,
+            loss=loss,
+            gamma_neg=gamma_neg,
+            gamma_pos=gamma_pos,
+            clip=clip,
+            optimizer=optimizer,
+            keep_client_models=False,  # personal models come from the store
+        )
+        if not inner_lr > 0:
+            raise ConfigError(f"'algorithm.inner_lr' must be > 0, got {inner_lr}")
+        self.inner_lr = float(inner_lr)
+
+    def _adapt(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch) -> None:
+        """One SGD step of size inner_lr on `batch` (the inner MAML step), in place."""
+        loss = self.loss_fn(model(x[batch]), y[batch])
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), grads, strict=True):
+                p -= self.inner_lr * g
+
+    def client_update(
+        self,
+        payload: np.ndarray,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        client_id: int,
+        generator: torch.Generator,
+        ctx: RunContext,
+    ) -> ClientUpdate:
+        clients = ctx.config.clients
+        model = cached_model(ctx)
+        targets = y.float()
+        loss_sum, steps = 0.0, 0
+        set_vector(model, payload)
+        if len(y):
+            # The personal model: one adaptation step from the received global model.
+            model.train()
+            self._adapt(
+                model, x, targets, torch.randperm(len(y), generator=generator)[: clients.batch_size]
+            )
+            ctx.client_state.put(client_id, {"personal": get_vector(model)})
+            set_vector(model, payload)
+            params = list(model.parameters())
+            optimizer = torch.optim.Adam(params, lr=clients.lr)
+            if self.optimizer == "sgd":
+                optimizer = torch.optim.SGD(params, lr=clients.lr, momentum=clients.momentum)
+            for _ in range(clients.local_epochs):
+                order = torch.randperm(len(y), generator=generator)
+                batches = [
+                    order[s : s + clients.batch_size] for s in range(0, len(y), clients.batch_size)
+                ]
+                for inner, outer in zip(batches[0::2], batches[1::2], strict=False):
+                    saved = [p.detach().clone() for p in params]
+                    self._adapt(model, x, targets, inner)
+                    loss = self.loss_fn(model(x[outer]), targets[outer])
+                    grads = torch.autograd.grad(loss, params)  # first order: at the adapted point
+                    with torch.no_grad():
+                        for p, s, g in zip(params, saved, grads, strict=True):
+                            p.copy_(s)
+                            p.grad = g
+                    optimizer.step()
+                    loss_sum += float(loss.detach())
+                    steps += 1
+        delta = get_vector(model) - payload
+        return ClientUpdate(
+            client_id=client_id,
+            num_samples=len(y),
+            message={"delta": delta, "label_stats": label_statistics(y.numpy())},
+            metrics={"loss": loss_sum / steps if steps else float("nan")},
+        )
+
+    def evaluate(
+        self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
+    ) -> dict[str, float]:
+        store = ctx.client_state
+        personal = {c: store.get(c)["personal"] for c in store.client_ids()}
+        return evaluate_multilabel(cached_model(ctx), state.arrays["params"], personal, x, y, ctx)
