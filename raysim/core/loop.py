@@ -337,6 +337,8 @@ def run(
             "num_clients": split.num_clients,
             "driver_peak_rss_bytes": peak_rss_bytes(),
             "server_peak_rss_bytes": backend.server_peak_rss_bytes(),
+            # client tasks per Ray node id (the Ray backend; shows multi-node placement)
+            "task_nodes": backend.task_nodes() if hasattr(backend, "task_nodes") else None,
         }
         outputs.write_summary(summary)
     finally:

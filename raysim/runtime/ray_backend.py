@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections import Counter
 
 import numpy as np
 import ray
@@ -28,6 +29,8 @@ from raysim.data.partition import ClientSplit
 from raysim.errors import RaysimError
 from raysim.outputs import peak_rss_bytes
 from raysim.runtime import client_state
+from raysim.runtime.devices import task_num_gpus
+from raysim.runtime.ray_metrics import RoundMetrics
 
 # Task results up to this size travel inline to their owner (the server actor) instead of
 # through the shared-memory object store: a round of small client updates (e.g. 10 x 38 KB)
@@ -98,7 +101,9 @@ def load_dataset_in_cluster(config) -> tuple[Dataset, ray.ObjectRef]:
     The driver needs only labels (to partition), shapes and the test split; the training
     features stay in the object store, read zero-copy by the client tasks.
     """
-    light_ref, train_x_ref = _load_dataset_task.remote(config)
+    # At most a client task's CPUs, so it fits a Tune trial's placement group (raysim/tune.py).
+    load_task = _load_dataset_task.options(num_cpus=min(1.0, config.clients.num_cpus))
+    light_ref, train_x_ref = load_task.remote(config)
     try:
         return ray.get(light_ref), train_x_ref
     except ray.exceptions.RayTaskError as error:
@@ -128,7 +133,8 @@ def _client_task(
         client_ids,
         personal,
     )
-    return updates, time.perf_counter() - started
+    # The node id shows where clients ran (summary.json's task_nodes; multi-node runs).
+    return updates, time.perf_counter() - started, ray.get_runtime_context().get_node_id()
 
 
 @ray.remote(num_cpus=0)
@@ -150,9 +156,13 @@ class ServerActor:
         self.server = Server(ctx, test_x, test_y, client_classes)
         self.run_ref = run_ref
         clients = ctx.config.clients
-        self.task = _client_task.options(num_cpus=clients.num_cpus, num_gpus=clients.num_gpus)
+        cluster_gpus = ray.cluster_resources().get("GPU", 0.0)
+        num_gpus = task_num_gpus(clients.num_gpus, cluster_gpus, notice=False)  # driver tells
+        self.task = _client_task.options(num_cpus=clients.num_cpus, num_gpus=num_gpus)
         self._publish_payload()
         self._prefetched: tuple[int, float, list] | None = None
+        self.metrics = RoundMetrics(ctx.config.run.name)  # Ray dashboard: rounds, updates, bytes
+        self.nodes: Counter[str] = Counter()  # client tasks per node id
 
     def _publish_payload(self) -> None:
         payload = self.server.payload()
@@ -195,7 +205,8 @@ class ServerActor:
         pending = task_refs
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            updates, task_s = ray.get(done[0])
+            updates, task_s, node_id = ray.get(done[0])
+            self.nodes[node_id] += 1
             finished[position[done[0]]] = updates
             compute_s += task_s
             while next_index in finished:  # fold in task order = client-id order
@@ -207,6 +218,7 @@ class ServerActor:
         stats.clients_s = clients_s
         stats.client_compute_s = compute_s
         stats.tasks = len(task_refs)
+        self.metrics.record(stats)
         self._publish_payload()
         if next_round is not None:
             self._prefetched = self._dispatch(*next_round)
@@ -222,6 +234,9 @@ class ServerActor:
 
     def peak_rss_bytes(self) -> int:
         return peak_rss_bytes()
+
+    def task_nodes(self) -> dict[str, int]:
+        return dict(self.nodes)
 
 
 class RayBackend:
@@ -252,7 +267,11 @@ class RayBackend:
             single_class_of_clients(dataset.train_y, split.indices, split.offsets),
         )
         cpus = ray.cluster_resources().get("CPU", 1.0)
+        group = ray.util.get_current_placement_group()
+        if group is not None:  # e.g. a Tune trial: only its own placement group's CPUs
+            cpus = sum(bundle.get("CPU", 0.0) for bundle in group.bundle_specs)
         self.parallel_slots = max(1, int(cpus // clients.num_cpus))
+        task_num_gpus(clients.num_gpus, ray.cluster_resources().get("GPU", 0.0))  # notice
         self.seconds_per_client: float | None = None  # measured, for automatic packing
         self.rounds_run = 0
 
@@ -303,6 +322,10 @@ class RayBackend:
 
     def server_peak_rss_bytes(self) -> int:
         return ray.get(self.server.peak_rss_bytes.remote())
+
+    def task_nodes(self) -> dict[str, int]:
+        """How many client tasks ran on each node (by Ray node id) so far."""
+        return ray.get(self.server.task_nodes.remote())
 
     def describe(self) -> str:
         resources = ray.cluster_resources()

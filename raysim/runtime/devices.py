@@ -1,0 +1,57 @@
+"""Where client training runs: the task's GPU when it reserved one, else the CPU (with a notice).
+
+`clients.num_gpus` (fractions allowed: 0.25 = four client tasks share one GPU) becomes the Ray
+option of every client task; Ray then sets CUDA_VISIBLE_DEVICES for the task, and algorithms that
+support devices put the model and the client's batches on `client_device(ctx)`. A request that
+cannot be met falls back to the CPU with one clear notice instead of hanging (Ray would keep a
+task that asks for a GPU the cluster lacks pending forever) or failing deep inside torch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+_NOTICES: set[str] = set()
+
+
+def notice_once(message: str) -> None:
+    """Print a notice to stderr once per process."""
+    if message not in _NOTICES:
+        _NOTICES.add(message)
+        print(f"raysim: notice: {message}", file=sys.stderr, flush=True)
+
+
+def task_num_gpus(requested: float, cluster_gpus: float, notice: bool = True) -> float:
+    """The GPUs a client task asks Ray for: `requested`, or 0 when the cluster has no GPU."""
+    if requested > 0 and cluster_gpus <= 0:
+        if notice:
+            notice_once(
+                f"clients.num_gpus={requested:g} but the Ray cluster has no GPUs; "
+                "client tasks train on the CPU"
+            )
+        return 0.0
+    return requested
+
+
+def client_device(ctx) -> torch.device:  # ctx: raysim.core.algorithm.RunContext
+    """cuda when clients.num_gpus > 0 and this process sees a GPU, else cpu (with a notice)."""
+    if ctx.config.clients.num_gpus > 0:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        notice_once(
+            f"clients.num_gpus={ctx.config.clients.num_gpus:g} but no GPU is visible here "
+            "(torch.cuda.is_available() is False); clients train on the CPU"
+        )
+    return torch.device("cpu")
+
+
+def autocast(ctx, device: torch.device):
+    """The mixed-precision context of `clients.mixed_precision` (bfloat16 autocast; off: no-op).
+
+    bfloat16 keeps float32's exponent range, so no loss scaling is needed; parameters, the
+    optimizer and the deltas sent to the server stay float32.
+    """
+    enabled = bool(getattr(ctx.config.clients, "mixed_precision", False))
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
