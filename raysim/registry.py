@@ -143,6 +143,7 @@ algorithms = Registry("algorithm")
 aggregators = Registry("aggregator")
 server_optimizers = Registry("server optimizer")
 attacks = Registry("attack")
+indexes = Registry("index")
 
 # --- built-in plug-ins -------------------------------------------------------------------------
 for _name in ("digits", "synthetic_classification", "mnist", "cifar10", "cifar100", "femnist"):
@@ -181,3 +182,6 @@ algorithms.register("personal_bn", "raysim.algorithms.personalized:PersonalBN")
 algorithms.register("personal_classifier", "raysim.algorithms.personalized:PersonalClassifier")
 algorithms.register("per_fedavg", "raysim.algorithms.personalized:PerFedAvg")
 aggregators.register("stack", "raysim.algorithms.flag:StackUpdates")
+indexes.register("exact", "raysim.index.exact:ExactIndex")
+indexes.register("faiss_ivf", "raysim.index.faiss_ivf:FaissIVFIndex")
+indexes.register("hnsw", "raysim.index.hnsw:HNSWIndex")

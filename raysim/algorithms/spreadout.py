@@ -1,0 +1,176 @@
+"""The spreadout regularizer of FedAwS (Yu, Rawat, Menon, Kumar; ICML 2020), as pure functions.
+
+In FedAwS each client sees only its own class, so nothing in local training pushes class
+embeddings apart; the server does it with one gradient step on
+
+    Eq. 7 (all pairs, small C):  reg(W) = sum_c sum_{c' != c} max(0, nu - d(w_c, w_c'))^2
+    Eq. 8 (negative mining):     reg(W) = sum_{c updated} sum_{y in N_k(c)}
+                                           max(0, nu_c - d(w_c, w_y))^2
+
+where N_k(c) are the k classes nearest to c (from a nearest-class index) and nu_c is the
+distance to the (k+1)-th nearest, held constant. The server then applies
+W <- W - lambda * eta * grad and re-normalises the changed rows.
+
+Distances (rows are L2-normalised by the caller):
+    "cosine"     d(u, v) = 1 - u.v          (the paper's default; differentiated as written,
+                                              i.e. as 1 - u.v, not as the normalised cosine)
+    "euclidean"  d(u, v) = ||u - v||        (= sqrt(2 - 2 u.v) on the sphere, so it orders
+                                              neighbours exactly as cosine does; at u = v the
+                                              gradient is taken as 0)
+
+Inputs may be numpy arrays or torch tensors; results come back in the same kind and dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+DISTANCES = ("cosine", "euclidean")
+_PAIR_CHUNK_ELEMENTS = 1 << 24  # bounds the (classes x k x dim) gathers of spreadout_topk
+
+
+def _check_distance(distance: str) -> None:
+    if distance not in DISTANCES:
+        raise ValueError(f"distance must be one of {', '.join(DISTANCES)}, got {distance!r}")
+
+
+def _like(value: torch.Tensor, template: Any) -> Any:
+    return value.numpy() if isinstance(template, np.ndarray) else value
+
+
+def spreadout_full(W: Any, nu: float, distance: str = "cosine") -> tuple[float, Any]:
+    """Eq. 7 over all ordered pairs: (value, dense gradient with W's shape).
+
+    Needs C x C memory: for small C (CIFAR, AmazonCat-13K at a push); use spreadout_topk
+    beyond that. Each unordered pair appears twice in the sum, so its gradient counts twice.
+    """
+    _check_distance(distance)
+    weights = torch.as_tensor(W)
+    gram = weights @ weights.T
+    if distance == "cosine":
+        hinge = torch.clamp(nu - (1.0 - gram), min=0)
+        hinge.fill_diagonal_(0)
+        value = float((hinge * hinge).sum())
+        # d reg / d w_a = sum_b 2 h_ab d(w_a . w_b)/dw_a + 2 h_ba d(w_b . w_a)/dw_a
+        grad = 2.0 * (hinge + hinge.T) @ weights
+        return value, _like(grad, W)
+    squared = torch.diagonal(gram)
+    dist = torch.sqrt(torch.clamp(squared[:, None] + squared[None, :] - 2.0 * gram, min=0))
+    hinge = torch.clamp(nu - dist, min=0)
+    hinge.fill_diagonal_(0)
+    value = float((hinge * hinge).sum())
+    # d h_ab^2 / d w_a = -2 h_ab (w_a - w_b) / d_ab, from both orderings of the pair
+    ratio = torch.where(dist > 0, hinge / torch.where(dist > 0, dist, 1.0), 0.0)
+    pair = 2.0 * (ratio + ratio.T)
+    grad = -(pair.sum(dim=1, keepdim=True) * weights - pair @ weights)
+    return value, _like(grad, W)
+
+
+def spreadout_topk(
+    W: Any,
+    class_ids: Any,
+    neighbor_ids: Any,
+    neighbor_nu: Any,
+    distance: str = "cosine",
+) -> tuple[float, Any, np.ndarray]:
+    """Eq. 8 with mined negatives: (value, grad_rows, grad_row_ids).
+
+    class_ids (q,) are the updated classes (distinct), neighbor_ids (q, k) their nearest
+    classes (never the class itself), neighbor_nu (q,) the margins nu_c (constants). The
+    gradient reaches both w_c and every w_y; it is returned sparse: `grad_row_ids` are the
+    distinct rows with a non-zero gradient in increasing order, `grad_rows[i]` the gradient of
+    row grad_row_ids[i]. A row's contributions are summed in a fixed order (by pair, then
+    c-side before y-side), so the result is deterministic. Apply it as
+    W[grad_row_ids] -= lambda * eta * grad_rows.
+    """
+    import scipy.sparse
+
+    _check_distance(distance)
+    weights = torch.as_tensor(W)
+    classes = np.asarray(class_ids, dtype=np.int64)
+    neighbors = np.asarray(neighbor_ids, dtype=np.int64)
+    nu = torch.as_tensor(np.asarray(neighbor_nu), dtype=weights.dtype)
+    count, k = neighbors.shape if neighbors.ndim == 2 else (-1, -1)
+    if classes.ndim != 1 or count != classes.shape[0] or nu.shape != (count,):
+        raise ValueError(
+            "expected class_ids (q,), neighbor_ids (q, k), neighbor_nu (q,); got "
+            f"{classes.shape}, {neighbors.shape}, {tuple(nu.shape)}"
+        )
+    if np.unique(classes).size != classes.size:
+        raise ValueError("class_ids must be distinct (each updated class once)")
+    if (neighbors == classes[:, None]).any():
+        raise ValueError("neighbor_ids must not contain the class itself")
+
+    # Per pair (c, y): the coefficient of the sparse matrix A with grad = A @ W.
+    hinge_parts, coef_parts = [], []
+    step = max(1, _PAIR_CHUNK_ELEMENTS // max(1, k * weights.shape[1]))
+    for start in range(0, count, step):
+        stop = min(count, start + step)
+        own = weights[torch.from_numpy(classes[start:stop])]  # (b, dim)
+        other = weights[torch.from_numpy(neighbors[start:stop])]  # (b, k, dim)
+        if distance == "cosine":
+            dist = 1.0 - torch.einsum("bd,bkd->bk", own, other)
+        else:
+            dist = torch.linalg.vector_norm(own[:, None, :] - other, dim=2)
+        hinge = torch.clamp(nu[start:stop, None] - dist, min=0)
+        if distance == "cosine":
+            coef = 2.0 * hinge  # d h^2 / d w_c = 2 h w_y, and symmetrically for w_y
+        else:
+            coef = torch.where(dist > 0, 2.0 * hinge / torch.where(dist > 0, dist, 1.0), 0.0)
+        hinge_parts.append(hinge)
+        coef_parts.append(coef)
+    hinge = torch.cat(hinge_parts) if hinge_parts else torch.zeros((0, k), dtype=weights.dtype)
+    coef = torch.cat(coef_parts) if coef_parts else hinge
+    value = float((hinge * hinge).sum())
+
+    active = (hinge > 0).numpy() & (coef != 0).numpy()
+    pair_class = np.broadcast_to(classes[:, None], neighbors.shape)[active]
+    pair_other = neighbors[active]
+    pair_coef = coef.numpy()[active]
+    dtype = weights.numpy().dtype
+    if pair_coef.size == 0:
+        empty = torch.zeros((0, weights.shape[1]), dtype=weights.dtype)
+        return value, _like(empty, W), np.zeros(0, dtype=np.int64)
+    if distance == "cosine":
+        # grad_c += a w_y ; grad_y += a w_c
+        rows = np.concatenate([pair_class, pair_other])
+        cols = np.concatenate([pair_other, pair_class])
+        data = np.concatenate([pair_coef, pair_coef])
+    else:
+        # grad_c += -r (w_c - w_y) ; grad_y += r (w_c - w_y)
+        rows = np.concatenate([pair_class, pair_class, pair_other, pair_other])
+        cols = np.concatenate([pair_class, pair_other, pair_class, pair_other])
+        data = np.concatenate([-pair_coef, pair_coef, pair_coef, -pair_coef])
+    grad_ids, compact = np.unique(rows, return_inverse=True)
+    order = np.argsort(compact, kind="stable")  # fixed summation order within each row
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(compact, minlength=grad_ids.size))])
+    matrix = scipy.sparse.csr_matrix(
+        (data[order].astype(dtype), cols[order], indptr), shape=(grad_ids.size, weights.shape[0])
+    )
+    grad_rows = np.asarray(matrix @ np.ascontiguousarray(weights.numpy()), dtype=dtype)
+    return value, _like(torch.from_numpy(grad_rows), W), grad_ids
+
+
+def mine_negatives(
+    index: Any, W: Any, class_ids: Any, k: int, distance: str = "cosine"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stochastic negative mining (Eq. 8): the k nearest classes of each class and nu_c.
+
+    Asks the index (a raysim.index NearestClassIndex over the rows of W) for the top-(k+1) of
+    each class, excluding the class itself; the first k are N_k(c), and nu_c is the distance
+    to the (k+1)-th. Returns (neighbor_ids int64 (q, k), nu (q,) in W's float dtype).
+    """
+    _check_distance(distance)
+    weights = np.asarray(torch.as_tensor(W).numpy())
+    classes = np.asarray(class_ids, dtype=np.int64)
+    queries = np.ascontiguousarray(weights[classes], dtype=np.float32)
+    ids, sims = index.search(classes, queries, k + 1)
+    last = sims[:, k].astype(np.float64)
+    if distance == "cosine":
+        nu = 1.0 - last
+    else:
+        nu = np.sqrt(np.maximum(0.0, 2.0 - 2.0 * last))  # ||u - v|| on the unit sphere
+    return ids[:, :k], nu.astype(weights.dtype)

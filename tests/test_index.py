@@ -1,0 +1,238 @@
+"""Nearest-class indexes (raysim.index): exactness across shard layouts, exclusion, updates,
+approximate recall, and config errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raysim.errors import ConfigError
+from raysim.index import MISSING_ID, ExactIndex, build_index, merge, shard_bounds
+
+
+def normalized(rows: np.ndarray) -> np.ndarray:
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def clustered(num_rows: int, dim: int, clusters: int, noise: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = normalized(rng.standard_normal((clusters, dim)))
+    labels = rng.integers(0, clusters, num_rows)
+    return normalized(centres[labels] + noise * rng.standard_normal((num_rows, dim)))
+
+
+def near_ties(num_rows: int = 3000, dim: int = 48, seed: int = 0) -> np.ndarray:
+    """Clustered rows plus piles of near-duplicates (float32 GEMM cannot order them)."""
+    rng = np.random.default_rng(seed)
+    rows = clustered(num_rows, dim, 30, 0.4, seed)
+    for start in (100, 1400, 2200):  # 200-row piles, 1e-7 apart, straddling shard borders
+        rows[start : start + 200] = rows[start] + 1e-7 * rng.standard_normal((200, dim))
+    rows[2900:2950] = rows[5]  # exact duplicates of another row: true ties, decided by id
+    return normalized(rows)
+
+
+def brute_force(rows: np.ndarray, query_ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The specification: float64 dot products, rounded to float32, best first, ties by id."""
+    sims = (rows[query_ids].astype(np.float64) @ rows.astype(np.float64).T).astype(np.float32)
+    sims[np.arange(len(query_ids)), query_ids] = -np.inf
+    ids = np.broadcast_to(np.arange(len(rows)), sims.shape)
+    order = np.lexsort((ids, -sims), axis=-1)[:, :k]
+    return order, np.take_along_axis(sims, order, axis=1)
+
+
+def recall(found: np.ndarray, truth: np.ndarray) -> float:
+    hits = [len(set(a) & set(b)) for a, b in zip(found, truth, strict=True)]
+    return float(np.mean(hits)) / truth.shape[1]
+
+
+@pytest.fixture(scope="module")
+def tied_rows() -> np.ndarray:
+    return near_ties()
+
+
+@pytest.fixture(scope="module")
+def tied_queries(tied_rows) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    picked = rng.choice(len(tied_rows), 150, replace=False)
+    return np.concatenate([picked, [100, 101, 1450, 2250, 2399, 5, 2900, 2949]])
+
+
+def test_exact_one_and_four_shards_give_identical_ids_and_similarities(tied_rows, tied_queries):
+    k = 40
+    one = build_index("exact", *tied_rows.shape, shards=1)
+    four = build_index("exact", *tied_rows.shape, shards=4, max_block_elements=20_000)
+    one.reset(tied_rows)
+    four.reset(tied_rows)
+    ids_one, sims_one = one.search(tied_queries, tied_rows[tied_queries], k)
+    ids_four, sims_four = four.search(tied_queries, tied_rows[tied_queries], k)
+    np.testing.assert_array_equal(ids_one, ids_four)
+    np.testing.assert_array_equal(sims_one, sims_four)
+    # ... and both equal the float64 specification, ties by id included
+    truth_ids, truth_sims = brute_force(tied_rows, tied_queries, k)
+    np.testing.assert_array_equal(ids_one, truth_ids)
+    np.testing.assert_array_equal(sims_one, truth_sims)
+    # the near-tie piles really exercised the exact fallback
+    assert sum(d.get("fallback_queries", 0) for d in four.diagnostics()) > 0
+
+
+def test_every_shard_count_and_block_size_agrees(tied_rows, tied_queries):
+    k = 25
+    reference = build_index("exact", *tied_rows.shape)
+    reference.reset(tied_rows)
+    expected = reference.search(tied_queries, tied_rows[tied_queries], k)
+    for shards, block in ((2, 1 << 25), (3, 100_000), (7, 50_000)):
+        index = build_index("exact", *tied_rows.shape, shards=shards, max_block_elements=block)
+        index.reset(tied_rows)
+        ids, sims = index.search(tied_queries, tied_rows[tied_queries], k)
+        np.testing.assert_array_equal(ids, expected[0])
+        np.testing.assert_array_equal(sims, expected[1])
+
+
+def test_merge_orders_by_similarity_then_id():
+    a = (np.array([[4, 9, MISSING_ID]]), np.array([[0.5, 0.25, -np.inf]], dtype=np.float32))
+    b = (np.array([[2, 7, 1]]), np.array([[0.5, 0.25, 0.1]], dtype=np.float32))
+    ids, sims = merge([a, b], 5)
+    np.testing.assert_array_equal(ids, [[2, 4, 7, 9, 1]])
+    np.testing.assert_array_equal(sims, np.float32([[0.5, 0.5, 0.25, 0.25, 0.1]]))
+
+
+def test_query_is_excluded_even_with_identical_rows_and_k_all_others():
+    rows = normalized(np.random.default_rng(0).standard_normal((9, 4)))
+    rows[3] = rows[6] = rows[0]  # rows 0, 3, 6 identical
+    for shards in (1, 4):
+        index = build_index("exact", 9, 4, shards=shards)
+        index.reset(rows)
+        ids, sims = index.search(np.array([3, 0]), rows[[3, 0]], 8)  # k = every other row
+        assert 3 not in ids[0] and 0 not in ids[1]
+        assert sorted(ids[0]) == [0, 1, 2, 4, 5, 6, 7, 8]
+        np.testing.assert_array_equal(ids[0][:2], [0, 6])  # the duplicates, tie broken by id
+        np.testing.assert_array_equal(ids[1][:2], [3, 6])
+        assert sims[0][0] == sims[0][1] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_shard_smaller_than_k_still_yields_k_neighbours():
+    rows = clustered(10, 8, 2, 0.3, seed=3)
+    index = build_index("exact", 10, 8, shards=4)  # shards of 2-3 rows, k = 8
+    index.reset(rows)
+    ids, _ = index.search(np.arange(10), rows, 8)
+    truth, _ = brute_force(rows, np.arange(10), 8)
+    np.testing.assert_array_equal(ids, truth)
+
+
+def test_update_replaces_rows_in_place():
+    rows = clustered(2000, 16, 10, 0.5, seed=4)
+    for shards in (1, 3):
+        index = build_index("exact", 2000, 16, shards=shards)
+        index.reset(rows)
+        moved = rows.copy()
+        changed = np.array([5, 700, 1999])
+        moved[changed] = moved[[10, 10, 20]]  # 5 and 700 become copies of 10, 1999 of 20
+        index.update(changed, moved[changed])
+        ids, _ = index.search(np.array([10, 20]), moved[[10, 20]], 3)
+        np.testing.assert_array_equal(ids[0][:2], [5, 700])
+        assert ids[1][0] == 1999
+        queries = np.arange(0, 2000, 37)
+        ids, sims = index.search(queries, moved[queries], 10)
+        truth_ids, truth_sims = brute_force(moved, queries, 10)
+        np.testing.assert_array_equal(ids, truth_ids)
+        np.testing.assert_array_equal(sims, truth_sims)
+
+
+@pytest.mark.parametrize(
+    "backend, options",
+    [("faiss_ivf", {"nlist": 32, "nprobe": 8}), ("hnsw", {"M": 12, "ef_search": 64})],
+)
+def test_approximate_backends_reach_high_recall_and_exclude_the_query(backend, options):
+    rows = clustered(4000, 32, 40, 0.08, seed=5)  # easy: tight clusters
+    queries = np.arange(0, 4000, 16)
+    k = 20
+    truth, _ = brute_force(rows, queries, k)
+    for shards in (1, 2):
+        index = build_index(backend, 4000, 32, shards=shards, **options)
+        index.reset(rows)
+        ids, sims = index.search(queries, rows[queries], k)
+        assert ids.shape == (len(queries), k) and (ids >= 0).all()
+        assert not (ids == queries[:, None]).any()
+        assert all(len(set(row)) == k for row in ids)
+        assert np.all(np.diff(sims, axis=1) <= 0)
+        assert recall(ids, truth) > 0.95, (backend, shards, recall(ids, truth))
+        # in-place update: move row 7 onto query 0's position; it must come first
+        index.update(np.array([7]), rows[[0]])
+        ids, _ = index.search(np.array([0]), rows[[0]], k)
+        assert ids[0, 0] == 7
+
+
+def test_ivf_with_few_probes_still_returns_k_and_retrains():
+    rows = clustered(3000, 16, 30, 0.3, seed=6)
+    index = build_index("faiss_ivf", 3000, 16, nlist=60, nprobe=1, retrain_every=2)
+    index.reset(rows)
+    ids, _ = index.search(np.arange(50), rows[:50], 150)  # more than a single list holds
+    assert (ids >= 0).all() and not (ids == np.arange(50)[:, None]).any()
+    assert index.diagnostics()[0]["trainings"] == 1
+    index.update(np.array([1, 2]), rows[[3, 4]])
+    index.update(np.array([1, 2]), rows[[1, 2]])
+    assert index.diagnostics()[0]["trainings"] == 2
+
+
+def test_exact_index_memory_bound_does_not_change_answers():
+    rows = clustered(1500, 24, 12, 0.4, seed=7)
+    queries = np.arange(0, 1500, 5)
+    small = ExactIndex(1500, 24, max_block_elements=3_000, device="cpu")
+    small.reset(rows)
+    ids, sims = small.search(queries, rows[queries], 12)
+    truth_ids, truth_sims = brute_force(rows, queries, 12)
+    np.testing.assert_array_equal(ids, truth_ids)
+    np.testing.assert_array_equal(sims, truth_sims)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"backend": "exakt"}, "index.backend: unknown index 'exakt' (did you mean 'exact'?)"),
+        ({"backend": "exact", "shards": 0}, "index.shards must be in [1, 100]"),
+        ({"backend": "exact", "shards": 2.5}, "'index.shards' expects an integer"),
+        ({"backend": "faiss_ivf", "nlsit": 4}, "unknown option 'index.nlsit'"),
+        ({"backend": "faiss_ivf", "nlist": 80, "shards": 2}, "index.nlist must be in [1, 50]"),
+        ({"backend": "faiss_ivf", "nprobe": "8"}, "'index.nprobe' expects int"),
+        ({"backend": "hnsw", "M": 1}, "index.M must be >= 2"),
+        ({"backend": "exact", "device": "tpu"}, "index.device must be"),
+        ({"backend": "exact", "num_gpus": -1}, "'index.num_gpus' expects a number >= 0"),
+    ],
+)
+def test_bad_index_config_names_the_key(kwargs, message):
+    kwargs = dict(kwargs)
+    backend = kwargs.pop("backend")
+    with pytest.raises(ConfigError) as error:
+        build_index(backend, 100, 8, **kwargs)
+    assert message in str(error.value)
+
+
+def test_search_rejects_k_without_room_for_the_exclusion():
+    index = build_index("exact", 5, 3)
+    index.reset(normalized(np.ones((5, 3))))
+    with pytest.raises(ValueError, match="k must be >= 1, at most num_rows - 1 = 4"):
+        index.search(np.array([0]), np.ones((1, 3), np.float32), 5)
+
+
+def test_shard_bounds_are_contiguous_blocks():
+    np.testing.assert_array_equal(shard_bounds(10, 4), [0, 2, 5, 7, 10])
+
+
+@pytest.mark.ray
+def test_ray_actor_shards_match_in_process_exact(ray_session, tied_rows, tied_queries):
+    k = 30
+    local = build_index("exact", *tied_rows.shape)
+    local.reset(tied_rows)
+    expected = local.search(tied_queries, tied_rows[tied_queries], k)
+    with build_index("exact", *tied_rows.shape, shards=2, use_ray=True, device="cpu") as remote:
+        remote.reset(tied_rows)
+        ids, sims = remote.search(tied_queries, tied_rows[tied_queries], k)
+        np.testing.assert_array_equal(ids, expected[0])
+        np.testing.assert_array_equal(sims, expected[1])
+        # updates are routed to the right actors
+        changed = np.array([0, 1500, 2999])
+        moved = tied_rows.copy()
+        moved[changed] = moved[[700, 700, 700]]
+        remote.update(changed, moved[changed])
+        ids, _ = remote.search(np.array([700]), moved[[700]], 3)
+        np.testing.assert_array_equal(ids[0], [0, 1500, 2999])
