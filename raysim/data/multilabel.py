@@ -18,10 +18,16 @@ A malformed file is one `DataError` naming the file and the line (ARFF) or JSON 
 
 from __future__ import annotations
 
+import json
+import os
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
 from raysim.data.datasets import Dataset, _float_option, _int_option
-from raysim.errors import ConfigError
+from raysim.errors import ConfigError, DataError
 
 # --- synthetic ------------------------------------------------------------------------------------
 
@@ -107,3 +113,348 @@ def load_synthetic_multilabel(
 def is_multilabel(dataset: Dataset) -> bool:
     """True for multi-hot targets (n, L); single-label datasets have (n,) class ids."""
     return np.ndim(dataset.train_y) == 2
+
+
+# --- MULAN ARFF ---------------------------------------------------------------------------------
+
+_NUMERIC_TYPES = {"numeric", "real", "integer"}
+
+
+def _split_arff_name(text: str, path: str, line_number: int) -> tuple[str, str]:
+    """'name type' from an @attribute line's remainder; the name may be quoted."""
+    text = text.strip()
+    if text[:1] in "'\"":
+        quote = text[0]
+        end = text.find(quote, 1)
+        if end < 0:
+            raise DataError(f"{path}:{line_number}: unterminated quoted attribute name")
+        return text[1:end], text[end + 1 :].strip()
+    parts = text.split(None, 1)
+    if len(parts) != 2:
+        raise DataError(f"{path}:{line_number}: @attribute needs a name and a type, got {text!r}")
+    return parts[0], parts[1].strip()
+
+
+def _nominal_values(kind: str) -> list[str] | None:
+    if not (kind.startswith("{") and kind.endswith("}")):
+        return None
+    return [v.strip().strip("'\"") for v in kind[1:-1].split(",")]
+
+
+def _parse_value(text: str, nominal: list[str] | None, path: str, line_number: int, name: str):
+    text = text.strip().strip("'\"")
+    if nominal is not None:
+        if text not in nominal:
+            raise DataError(
+                f"{path}:{line_number}: value {text!r} of attribute '{name}' is not one of "
+                f"{{{', '.join(nominal)}}}"
+            )
+        # {0,1} label/feature attributes keep their numeric meaning; others become an index.
+        return float(text) if nominal in (["0", "1"], ["1", "0"]) else float(nominal.index(text))
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataError(
+            f"{path}:{line_number}: value {text!r} of numeric attribute '{name}' is not a number"
+            + (" (missing values '?' are not supported)" if text == "?" else "")
+        ) from None
+    if not np.isfinite(value):
+        raise DataError(f"{path}:{line_number}: value {text!r} of attribute '{name}' is not finite")
+    return value
+
+
+def read_arff(path: str) -> tuple[str, list[str], np.ndarray]:
+    """(relation, attribute names, float64 data (n, attributes)) of a dense or sparse ARFF."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"cannot read ARFF file {path}: {error}") from None
+    relation, names, kinds, rows = "", [], [], []
+    in_data = False
+    for line_number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("%"):
+            continue
+        lower = line.lower()
+        if not in_data:
+            if lower.startswith("@relation"):
+                relation = line[len("@relation") :].strip().strip("'\"")
+            elif lower.startswith("@attribute"):
+                name, kind = _split_arff_name(line[len("@attribute") :], path, line_number)
+                nominal = _nominal_values(kind)
+                if nominal is None and kind.lower() not in _NUMERIC_TYPES:
+                    raise DataError(
+                        f"{path}:{line_number}: attribute '{name}' has type {kind!r}; only "
+                        f"numeric, real, integer and nominal {{...}} attributes are supported"
+                    )
+                names.append(name)
+                kinds.append(nominal)
+            elif lower.startswith("@data"):
+                if not names:
+                    raise DataError(f"{path}:{line_number}: @data before any @attribute")
+                in_data = True
+            else:
+                raise DataError(
+                    f"{path}:{line_number}: expected @relation, @attribute or @data, got "
+                    f"{line[:40]!r}"
+                )
+            continue
+        row = np.zeros(len(names))
+        if line.startswith("{"):
+            if not line.endswith("}"):
+                raise DataError(f"{path}:{line_number}: sparse row must end with '}}'")
+            for item in filter(None, (s.strip() for s in line[1:-1].split(","))):
+                parts = item.split(None, 1)
+                if len(parts) != 2 or not parts[0].isdigit():
+                    raise DataError(
+                        f"{path}:{line_number}: sparse entry {item!r} is not 'index value'"
+                    )
+                index = int(parts[0])
+                if index >= len(names):
+                    raise DataError(
+                        f"{path}:{line_number}: sparse index {index} >= {len(names)} attributes"
+                    )
+                row[index] = _parse_value(parts[1], kinds[index], path, line_number, names[index])
+        else:
+            values = line.split(",")
+            if len(values) != len(names):
+                raise DataError(
+                    f"{path}:{line_number}: {len(values)} values but {len(names)} attributes"
+                )
+            for index, text in enumerate(values):
+                row[index] = _parse_value(text, kinds[index], path, line_number, names[index])
+        rows.append(row)
+    if not in_data:
+        raise DataError(f"{path}: no @data section (is this an ARFF file?)")
+    if not rows:
+        raise DataError(f"{path}: the @data section holds no rows")
+    return relation, names, np.stack(rows)
+
+
+def read_mulan_labels(path: str) -> list[str]:
+    """Label names from a MULAN labels XML file (<label name="..."/>, nested or flat)."""
+    try:
+        tree = ElementTree.parse(path)
+    except (OSError, ElementTree.ParseError) as error:
+        raise DataError(f"cannot read MULAN labels XML {path}: {error}") from None
+    names = [
+        element.get("name") for element in tree.iter() if element.tag.rsplit("}", 1)[-1] == "label"
+    ]
+    if not names or any(name is None for name in names):
+        raise DataError(f'{path}: expected <label name="..."> elements')
+    return names  # type: ignore[return-value]
+
+
+def _resolve(root: str | None, name: str) -> str:
+    return name if os.path.isabs(name) or root is None else os.path.join(root, name)
+
+
+def load_arff(
+    root: str | None,
+    seed: int,
+    *,
+    train_file: str = "",
+    test_file: str | None = None,
+    xml_file: str | None = None,
+    labels: Sequence[str] | None = None,
+    test_fraction: float = 0.25,
+) -> Dataset:
+    """A MULAN multi-label dataset from ARFF files (paths relative to `data.root`).
+
+    The label attributes are named by `labels`, or read from MULAN's companion `xml_file`;
+    every other attribute is a feature (standardised with the training mean and std). Without a
+    `test_file` the training file is split (`test_fraction`, seeded by `seed`).
+    """
+    if not train_file:
+        raise ConfigError("dataset 'arff' needs 'data.train_file' (an ARFF file in data.root)")
+    train_path = _resolve(root, train_file)
+    if not os.path.isfile(train_path):
+        raise DataError(f"dataset 'arff': file not found: {train_path}")
+    if labels is None and xml_file is None:
+        raise ConfigError(
+            "dataset 'arff' needs the label attributes: 'data.labels' (a list of names) or "
+            "'data.xml_file' (MULAN's labels XML)"
+        )
+    label_names = (
+        list(labels) if labels is not None else read_mulan_labels(_resolve(root, xml_file))
+    )
+    _, names, train = read_arff(train_path)
+    missing = [name for name in label_names if name not in names]
+    if missing:
+        raise DataError(
+            f"{train_path}: label attribute(s) {', '.join(map(repr, missing[:5]))} not found "
+            f"among its {len(names)} attributes"
+        )
+    label_index = [names.index(name) for name in label_names]
+    feature_index = [i for i in range(len(names)) if i not in set(label_index)]
+    if test_file is not None:
+        test_path = _resolve(root, test_file)
+        if not os.path.isfile(test_path):
+            raise DataError(f"dataset 'arff': file not found: {test_path}")
+        _, test_names, test = read_arff(test_path)
+        if test_names != names:
+            raise DataError(f"{test_path}: its attributes differ from those of {train_path}")
+    else:
+        fraction = _float_option("test_fraction", test_fraction, minimum=0.0, strict=True)
+        if fraction >= 1:
+            raise ConfigError(f"'data.test_fraction' must be in (0, 1), got {test_fraction}")
+        order = np.random.default_rng(seed).permutation(len(train))
+        cut = max(1, int(round(len(train) * fraction)))
+        train, test = train[order[cut:]], train[order[:cut]]
+    for name, table, path in (
+        ("train", train, train_path),
+        ("test", test, test_file or train_path),
+    ):
+        values = table[:, label_index]
+        bad = (values != 0) & (values != 1)
+        if bad.any():
+            row, column = np.argwhere(bad)[0]
+            raise DataError(
+                f"{path}: {name} row {row}: label '{label_names[column]}' = {values[row, column]}"
+                f" is not 0 or 1"
+            )
+    mean = train[:, feature_index].mean(axis=0)
+    std = train[:, feature_index].std(axis=0)
+    std[std == 0] = 1.0
+
+    def features(table: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray((table[:, feature_index] - mean) / std, dtype=np.float32)
+
+    return Dataset(
+        name="arff",
+        train_x=features(train),
+        train_y=train[:, label_index].astype(np.uint8),
+        test_x=features(test),
+        test_y=test[:, label_index].astype(np.uint8),
+        num_classes=len(label_names),
+    )
+
+
+# --- MS-COCO 2014 ---------------------------------------------------------------------------------
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _coco_field(record: Any, key: str, where: str, path: str, kind: type | tuple) -> Any:
+    if not isinstance(record, dict) or key not in record:
+        raise DataError(f"{path}: field '{where}.{key}' is missing")
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise DataError(f"{path}: field '{where}.{key}' has the wrong type ({value!r})")
+    return value
+
+
+def read_coco_annotations(path: str) -> tuple[list[tuple[int, str]], np.ndarray, list[str]]:
+    """(images (id, file_name) sorted by id, multi-hot (n, C) uint8, category names) of an
+    `instances_*.json`; categories are ordered by id (COCO 2014: 80 of ids 1..90)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = json.load(handle)
+    except json.JSONDecodeError as error:
+        raise DataError(
+            f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+        ) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"cannot read COCO annotations {path}: {error}") from None
+    for key in ("images", "annotations", "categories"):
+        if not isinstance(content, dict) or not isinstance(content.get(key), list):
+            raise DataError(f"{path}: field '{key}' is missing or not a list")
+    categories = sorted(
+        (
+            _coco_field(c, "id", f"categories[{i}]", path, int),
+            _coco_field(c, "name", f"categories[{i}]", path, str),
+        )
+        for i, c in enumerate(content["categories"])
+    )
+    column = {category_id: index for index, (category_id, _) in enumerate(categories)}
+    images = sorted(
+        (
+            _coco_field(image, "id", f"images[{i}]", path, int),
+            _coco_field(image, "file_name", f"images[{i}]", path, str),
+        )
+        for i, image in enumerate(content["images"])
+    )
+    row = {image_id: index for index, (image_id, _) in enumerate(images)}
+    labels = np.zeros((len(images), len(categories)), dtype=np.uint8)
+    for i, annotation in enumerate(content["annotations"]):
+        where = f"annotations[{i}]"
+        image_id = _coco_field(annotation, "image_id", where, path, int)
+        category_id = _coco_field(annotation, "category_id", where, path, int)
+        if image_id not in row:
+            raise DataError(f"{path}: field '{where}.image_id' = {image_id} is not in 'images'")
+        if category_id not in column:
+            raise DataError(
+                f"{path}: field '{where}.category_id' = {category_id} is not in 'categories'"
+            )
+        labels[row[image_id], column[category_id]] = 1
+    return images, labels, [name for _, name in categories]
+
+
+def _load_images(folder: str, files: list[str], size: int) -> np.ndarray:
+    """torchvision-style Resize((size, size)) + ToTensor + Normalize(ImageNet) -> NCHW."""
+    from PIL import Image, UnidentifiedImageError
+
+    out = np.empty((len(files), 3, size, size), dtype=np.float32)
+    mean = np.asarray(IMAGENET_MEAN, dtype=np.float32)[:, None, None]
+    std = np.asarray(IMAGENET_STD, dtype=np.float32)[:, None, None]
+    for index, name in enumerate(files):
+        path = os.path.join(folder, name)
+        try:
+            with Image.open(path) as image:
+                resized = image.convert("RGB").resize((size, size), Image.BILINEAR)
+        except FileNotFoundError:
+            raise DataError(f"COCO image not found: {path}") from None
+        except (OSError, UnidentifiedImageError) as error:
+            raise DataError(f"cannot read COCO image {path}: {error}") from None
+        pixels = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1) / 255.0
+        out[index] = (pixels - mean) / std
+    return out
+
+
+def load_coco(
+    root: str | None,
+    seed: int,
+    *,
+    image_size: int = 64,
+    max_train: int | None = None,
+    max_test: int | None = None,
+    keep_unlabelled: bool = False,
+) -> Dataset:
+    """MS-COCO 2014 as 80-label multi-hot vectors (FLAG's main dataset).
+
+    Reads `annotations/instances_train2014.json` and `instances_val2014.json` in `data.root`
+    and the images from `train2014/` and `val2014/` (the layout of the official zips), resized
+    to image_size x image_size. val2014 is the validation set that CMDA splits over clients.
+    Images without any annotation are dropped (unless keep_unlabelled). `max_train` /
+    `max_test` keep the first images by id, for quick runs.
+    """
+    del seed
+    if root is None or not os.path.isdir(root):
+        raise DataError(
+            f"dataset 'coco': data.root {root!r} is not a directory (expected annotations/, "
+            f"train2014/ and val2014/ from cocodataset.org's 2014 zips)"
+        )
+    image_size = _int_option("image_size", image_size, 8)
+    arrays = []
+    names: list[str] = []
+    for split, limit in (("train2014", max_train), ("val2014", max_test)):
+        annotations = os.path.join(root, "annotations", f"instances_{split}.json")
+        if not os.path.isfile(annotations):
+            raise DataError(f"dataset 'coco': file not found: {annotations}")
+        images, labels, split_names = read_coco_annotations(annotations)
+        if names and split_names != names:
+            raise DataError(f"{annotations}: its categories differ from instances_train2014.json")
+        names = split_names
+        keep = np.arange(len(images)) if keep_unlabelled else np.flatnonzero(labels.any(axis=1))
+        if limit is not None:
+            keep = keep[
+                : _int_option("max_train" if split == "train2014" else "max_test", limit, 1)
+            ]
+        if not len(keep):
+            raise DataError(f"{annotations}: no (labelled) images")
+        files = [images[i][1] for i in keep]
+        arrays.append((_load_images(os.path.join(root, split), files, image_size), labels[keep]))
+    (train_x, train_y), (test_x, test_y) = arrays
+    return Dataset("coco", train_x, train_y, test_x, test_y, num_classes=len(names))
