@@ -8,12 +8,15 @@ that client (np.array_equal), on the local backend, for FedAvg and FRL.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 
 from raysim.core import validation
 from raysim.core.rankcodec import pack
-from raysim.core.state import ClientUpdate
+from raysim.core.state import ClientUpdate, RoundInfo
 from raysim.core.validation import (
     DENSE,
     RANKS,
@@ -124,3 +127,205 @@ def test_num_samples_must_be_a_count():
         assert "num_samples" in validation.check_update(DENSE_SPEC, update)
     fine = ClientUpdate(client_id=3, num_samples=np.int64(4), message=np.zeros(6, np.float32))
     assert validation.check_update(DENSE_SPEC, fine) is None
+
+
+# --- the server: rejected, logged, and the round equals the round without that client --------
+
+SMALL = ("partition.num_clients=8", "clients.per_round=4", "run.rounds=1", "model.hidden=[16]")
+FRL_SMALL = ("algorithm.name=frl", "clients.lr=0.4", "clients.local_epochs=1")
+
+
+def _round_updates(digits_config, *overrides):
+    """A local backend after one round's client training: (backend, info, updates)."""
+    from raysim.core.clients import train_clients
+    from raysim.core.loop import load_dataset, run_context, split_clients
+    from raysim.core.sampling import sample_clients
+    from raysim.runtime.local import LocalBackend
+
+    cfg = digits_config(*SMALL, *overrides)
+    dataset = load_dataset(cfg)
+    split = split_clients(cfg, dataset)
+    backend = LocalBackend(run_context(cfg, dataset), dataset, split)
+    ids = sample_clients(cfg.run.seed, 0, split.num_clients, cfg.clients.per_round)
+    info = RoundInfo(0, ids)
+    server = backend.server
+    updates = train_clients(
+        backend.ctx,
+        backend.algorithm,
+        server.payload(),
+        dataset.train_x,
+        dataset.train_y,
+        split.indices,
+        split.offsets,
+        0,
+        ids,
+    )
+    return backend, info, updates
+
+
+def _one_round(server, info, updates, initial):
+    server.set_state(initial)
+    server.start_round(info)
+    server.add(updates)
+    return server.finish_round(evaluate=False), server.get_state()
+
+
+def _nan(message):
+    bad = message.copy()
+    bad[len(bad) // 2] = np.nan
+    return bad
+
+
+def _non_permutation(message, backend):
+    """FRL positions with one position repeated (and one missing), bit-packed as usual."""
+    algorithm, ctx = backend.server.algorithm, backend.ctx
+    sizes = algorithm.layer_sizes(ctx)
+    layer = len(sizes) - 1
+    positions = algorithm.decode_update(message, ctx)
+    start = sum(sizes[:layer])
+    positions[start] = positions[start + 1]
+    return [*message[:layer], pack(positions[start:], sizes[layer])]
+
+
+def _out_of_range(message, backend):
+    """A position >= n that the ceil(log2 n) bits can still carry (n not a power of two)."""
+    algorithm, ctx = backend.server.algorithm, backend.ctx
+    sizes = algorithm.layer_sizes(ctx)
+    layer = next(i for i, n in enumerate(sizes) if n & (n - 1))
+    start = sum(sizes[:layer])
+    positions = algorithm.decode_update(message, ctx)[start : start + sizes[layer]].copy()
+    positions[0] = sizes[layer]
+    bits = int(sizes[layer] - 1).bit_length()
+    packed = np.packbits(
+        np.unpackbits(
+            positions.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1, bitorder="little"
+        )[:, :bits].reshape(-1),
+        bitorder="little",
+    )
+    return [*message[:layer], packed, *message[layer + 1 :]]
+
+
+CORRUPTIONS = [
+    ("fedavg", (), "NaN", lambda m, b: _nan(m), "NaN/Inf entries"),
+    ("fedavg", (), "wrong shape", lambda m, b: m[:-3], "entries, expected"),
+    ("fedavg", (), "2-D", lambda m, b: np.stack([m, m]), "expected 1-D"),
+    ("fedavg", (), "wrong dtype", lambda m, b: m.astype(np.float64), "expected float32"),
+    ("fedavg", (), "not an array", lambda m, b: m.tolist(), "expected a numpy array"),
+    ("frl", FRL_SMALL, "not a permutation", _non_permutation, "not a permutation: repeats"),
+    ("frl", FRL_SMALL, "position out of range", _out_of_range, "out of range"),
+    ("frl", FRL_SMALL, "missing layer", lambda m, b: m[:-1], "layers, expected"),
+    ("frl", FRL_SMALL, "truncated layer", lambda m, b: [m[0][:-1], *m[1:]], "bytes, expected"),
+    ("signsgd", ("algorithm.name=signsgd",), "short", lambda m, b: m[:-1], "entries, expected"),
+    (
+        "topk",
+        ("algorithm.name=topk",),
+        "repeated index",
+        lambda m, b: {
+            "values": m["values"],
+            "indices": np.sort(m["indices"])[[0, 0, *range(2, len(m["indices"]))]],
+        },
+        "strictly increasing",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "what", "corrupt", "reason"),
+    CORRUPTIONS,
+    ids=[f"{name}-{what}" for name, _, what, _, _ in CORRUPTIONS],
+)
+def test_rejected_update_leaves_the_round_of_the_others(
+    digits_config, name, overrides, what, corrupt, reason
+):
+    backend, info, updates = _round_updates(digits_config, *overrides)
+    server = backend.server
+    initial = server.get_state().copy()
+    bad_position = 1
+    bad = updates[bad_position]
+    corrupted = dataclasses.replace(bad, message=corrupt(bad.message, backend))
+    with_bad = [*updates[:bad_position], corrupted, *updates[bad_position + 1 :]]
+    without = [*updates[:bad_position], *updates[bad_position + 1 :]]
+
+    stats, state = _one_round(server, info, with_bad, initial)
+    reference_stats, reference = _one_round(server, info, without, initial)
+
+    assert stats.clients_rejected == 1 and reference_stats.clients_rejected == 0
+    assert stats.clients_done == reference_stats.clients_done == len(updates) - 1
+    assert stats.bytes_up == reference_stats.bytes_up
+    assert len(stats.rejected) == 1
+    assert f"rejected the update of client {bad.client_id}: " in stats.rejected[0], stats.rejected
+    assert reason in stats.rejected[0], stats.rejected
+    assert state.round == reference.round == initial.round + 1
+    assert state.arrays.keys() == reference.arrays.keys()
+    for key in state.arrays:
+        assert np.array_equal(state.arrays[key], reference.arrays[key]), key
+    # and the round did move: the others' updates were aggregated
+    assert any(not np.array_equal(state.arrays[k], initial.arrays[k]) for k in initial.arrays)
+
+
+def test_a_round_where_every_update_is_rejected_keeps_the_model(digits_config):
+    backend, info, updates = _round_updates(digits_config)
+    server = backend.server
+    initial = server.get_state().copy()
+    broken = [dataclasses.replace(u, message=_nan(u.message)) for u in updates]
+    stats, state = _one_round(server, info, broken, initial)
+    assert stats.clients_rejected == len(updates) and stats.clients_done == 0
+    assert state.round == initial.round + 1
+    assert np.array_equal(state.arrays["params"], initial.arrays["params"])
+
+
+def _run_with_a_bad_client(digits_config, tmp_path, monkeypatch, algorithm_class, corrupt, drop):
+    """One local run in which the middle client of round 0 misbehaves; with `drop`, that
+    client's update is removed before the server sees it (the reference)."""
+    from raysim.core.loop import run
+    from raysim.core.sampling import sample_clients
+    from raysim.core.server import Server
+
+    cfg = digits_config(*SMALL, *(FRL_SMALL if algorithm_class.__name__ == "FRL" else ()))
+    bad_client = int(sample_clients(cfg.run.seed, 0, 8, 4)[2])
+    original = algorithm_class.client_update
+
+    def client_update(self, payload, x, y, client_id, generator, ctx):
+        update = original(self, payload, x, y, client_id, generator, ctx)
+        if client_id == bad_client:
+            update = dataclasses.replace(update, message=corrupt(update.message))
+        return update
+
+    monkeypatch.setattr(algorithm_class, "client_update", client_update)
+    if drop:
+        add = Server.add
+        monkeypatch.setattr(
+            Server,
+            "add",
+            lambda self, ups: add(self, [u for u in ups if u.client_id != bad_client]),
+        )
+    out = tmp_path / ("reference" if drop else "bad")
+    return bad_client, run(cfg, out, progress=False, tensorboard=False), out
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "frl"])
+def test_a_run_logs_the_rejection_and_matches_the_run_without_that_client(
+    digits_config, tmp_path, monkeypatch, capsys, algorithm
+):
+    from raysim.algorithms.fedavg import FedAvg
+    from raysim.algorithms.frl import FRL
+
+    algorithm_class = FedAvg if algorithm == "fedavg" else FRL
+    corrupt = _nan if algorithm == "fedavg" else (lambda message: message[:-1])
+    bad_client, result, out = _run_with_a_bad_client(
+        digits_config, tmp_path, monkeypatch, algorithm_class, corrupt, drop=False
+    )
+    stderr = capsys.readouterr().err
+    assert f"raysim: round 0: rejected the update of client {bad_client}: " in stderr
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["clients_rejected"] == 1 and record["clients_done"] == 3
+    assert f"client {bad_client}" in record["rejected"][0]
+    assert result.summary["clients_rejected"] == 1
+
+    monkeypatch.undo()
+    _, reference, _ = _run_with_a_bad_client(
+        digits_config, tmp_path, monkeypatch, algorithm_class, corrupt, drop=True
+    )
+    assert reference.summary["clients_rejected"] == 0
+    for key, value in reference.state.arrays.items():
+        assert np.array_equal(result.state.arrays[key], value), key

@@ -237,6 +237,7 @@ def run(
         )
     round_times: list[float] = []
     totals = {"bytes_up": 0, "bytes_down": 0, "clients_done": 0, "clients_failed": 0}
+    totals["clients_rejected"] = 0  # updates refused before aggregation (core.validation)
     last_eval: dict[str, float] = {}
     train_loss = float("nan")
     for record in history or []:  # rounds done before a resume count in the totals
@@ -289,6 +290,7 @@ def run(
                 "malicious": info.num_malicious,
                 "clients_done": stats.clients_done,
                 "clients_failed": stats.clients_failed,
+                "clients_rejected": stats.clients_rejected,
                 "bytes_up": stats.bytes_up,
                 "bytes_down": stats.bytes_down,
                 "train_loss": stats.train_loss,
@@ -305,6 +307,10 @@ def run(
             if stats.eval:
                 last_eval = stats.eval
                 record["eval"] = stats.eval
+            if stats.rejected:  # one line per rejected update, naming the client
+                record["rejected"] = list(stats.rejected)
+                for line in stats.rejected:
+                    print(f"raysim: {line}", file=sys.stderr, flush=True)
             outputs.log_round(record)
             if on_round is not None:
                 on_round(record)
@@ -331,6 +337,7 @@ def run(
             "bytes_down": totals["bytes_down"],
             "clients_done": totals["clients_done"],
             "clients_failed": totals["clients_failed"],
+            "clients_rejected": totals["clients_rejected"],
             "median_round_s": statistics.median(round_times) if round_times else None,
             "backend": backend.name,
             "dataset": dataset.name,

@@ -18,6 +18,7 @@ from raysim.core.aggregators import LinearAccumulator
 from raysim.core.algorithm import RunContext
 from raysim.core.payload import encoded_nbytes
 from raysim.core.state import ClientUpdate, ReducedUpdate, RoundInfo, RoundStats, ServerState
+from raysim.core.validation import decode_checked, describe_rejection, update_spec
 from raysim.errors import ConfigError
 
 
@@ -71,6 +72,7 @@ class Server:
         self.state = self.algorithm.init_server(ctx)
         self.test_x, self.test_y = test_x, test_y
         self._payload_cache: tuple[int, object, int] | None = None
+        self._update_spec = None  # what a valid client update looks like (computed once)
 
     # --- payload -------------------------------------------------------------------------------
     def payload(self):
@@ -116,6 +118,10 @@ class Server:
         self._loss_weight = 0.0
         self._norm_sum = 0.0
         self._aggregate_s = 0.0
+        self._folded = 0
+        self._malicious_rejected = 0
+        if self._update_spec is None:
+            self._update_spec = update_spec(self.algorithm, self.state, self.ctx)
 
     def add(self, updates: Iterable[ClientUpdate]) -> None:
         """Fold in updates, in client-id order. Linear aggregators keep O(model) memory."""
@@ -131,13 +137,23 @@ class Server:
                 )
                 self._maybe_fold_crafted()
                 continue
+            # Checked before anything of it is counted or folded (raysim.core.validation).
+            vector, problem = decode_checked(self.algorithm, self._update_spec, update, self.ctx)
+            if problem is not None:
+                stats.clients_rejected += 1
+                stats.rejected.append(
+                    describe_rejection(update.client_id, info.round_index, problem)
+                )
+                if self.attack is not None and update.client_id < info.malicious_below:
+                    self._malicious_rejected += 1
+                    self._maybe_fold_crafted()
+                continue
             stats.clients_done += 1
             stats.bytes_up += encoded_nbytes(update.message)
             loss = update.metrics.get("loss", math.nan)
             if not math.isnan(loss) and update.num_samples:
                 self._loss_sum += loss * update.num_samples
                 self._loss_weight += update.num_samples
-            vector = self.algorithm.decode_update(update.message, self.ctx)
             if np.issubdtype(vector.dtype, np.floating):  # rank positions have no useful norm
                 self._norm_sum += float(np.linalg.norm(vector))
             if self.attack is not None and update.client_id < info.malicious_below:
@@ -165,6 +181,7 @@ class Server:
         self._reduced = self.algorithm.merge_reduced(self._reduced, update.message, self.ctx)
 
     def _fold(self, vector: np.ndarray, num_samples: int) -> None:
+        self._folded += 1
         if self._accumulator is not None:
             self._accumulator.add(vector, self.aggregator.weight(num_samples))
         else:
@@ -174,7 +191,7 @@ class Server:
     def _maybe_fold_crafted(self) -> None:
         info = self._info
         if (
-            len(self._malicious) < info.num_malicious
+            len(self._malicious) + self._malicious_rejected < info.num_malicious
             or len(self._attacker_knowledge) < len(self._pool)
             or not self._malicious
         ):
@@ -186,14 +203,21 @@ class Server:
             raise RuntimeError(
                 f"attack returned {len(crafted)} updates for {info.num_malicious} clients"
             )
-        for vector, (_, num_samples) in zip(crafted, self._malicious, strict=True):
+        # Malicious clients whose own update was rejected send nothing (their crafted copies
+        # are dropped from the end).
+        kept = crafted[: len(self._malicious)]
+        for vector, (_, num_samples) in zip(kept, self._malicious, strict=True):
             self._fold(vector, num_samples)
         self._malicious, self._attacker_knowledge = [], []
 
     def finish_round(self, evaluate: bool) -> RoundStats:
         started = time.perf_counter()
         stats = self._stats
-        if self.reduces_in_task:
+        if not self.reduces_in_task and not self._folded and stats.clients_rejected:
+            # Every update of the round was rejected: the model stays, the round still ends.
+            self.state = ServerState(self.state.round + 1, dict(self.state.arrays))
+            aggregate = None
+        elif self.reduces_in_task:
             if self._reduced is None:
                 raise ValueError("no client update was aggregated this round")
             aggregate = self.algorithm.finish_reduced(self._reduced, self.ctx)
@@ -203,7 +227,8 @@ class Server:
         else:
             aggregate = self.aggregator.aggregate(self._vectors, self._weights, self._info)
         self.algorithm.server_times = {}
-        self.state = self.algorithm.server_update(self.state, aggregate, self.ctx)
+        if aggregate is not None:
+            self.state = self.algorithm.server_update(self.state, aggregate, self.ctx)
         stats.server_times = dict(self.algorithm.server_times)
         self._vectors, self._weights = [], []
         # The phases the algorithm timed itself (index, spreadout) are reported apart.

@@ -100,6 +100,10 @@ class RoundStats:
 
     clients_done: int = 0
     clients_failed: int = 0
+    # Updates the server refused before aggregation (raysim.core.validation): not folded in,
+    # not counted in clients_done; `rejected` holds one log line per refusal (with client id).
+    clients_rejected: int = 0
+    rejected: list[str] = field(default_factory=list)
     bytes_up: int = 0
     bytes_down: int = 0
     train_loss: float = float("nan")
