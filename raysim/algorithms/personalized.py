@@ -14,7 +14,8 @@ Personal parts live in the client state store (`ctx.client_state`, raysim.runtim
 keyed by client id: a client task reads them before training and writes them back after, and
 the store is checkpointed with the server. Only the shared entries cross the wire. AmAP / WmAP
 use each client's personalised model; GmAP uses the shared global model (Local only has none:
-its GmAP is not reported).
+its GmAP is not reported; nor is Personal classifier's, whose global classifier is
+never trained).
 """
 
 from __future__ import annotations
@@ -156,7 +157,9 @@ class PersonalizedAveraging(MultiLabelAveraging):
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
     ) -> dict[str, float]:
-        global_params = None if self.part == "all" else state.arrays["params"]
+        # Local only has no global model; with a personal classifier the global copy of the
+        # classifier is never trained, so neither has a meaningful GmAP.
+        global_params = None if self.part in ("all", "classifier") else state.arrays["params"]
         return evaluate_multilabel(
             cached_model(ctx), global_params, self.client_models(state, ctx), x, y, ctx
         )
