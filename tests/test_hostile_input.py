@@ -263,6 +263,42 @@ if _read_split_file is not None:
     FORMATS.append(FileFormat("xc-split", _xc_split))
 
 
+_load_arff = _optional("raysim.data.multilabel", "load_arff")
+if _load_arff is not None:
+
+    def _arff(folder: Path):
+        target = folder / "train.arff"
+        target.write_text(
+            "% MULAN-style\n@relation 'tiny: -C 2'\n@attribute f1 numeric\n"
+            "@attribute 'f two' real\n@attribute sunny {0,1}\n@attribute rainy {0,1}\n"
+            "@data\n1.0,2.0,1,0\n3.0,-1.0,0,1\n{0 5.0,1 0.5,2 1,3 1}\n7.0,2.5,0,0\n"
+        )
+        return target, lambda: _load_arff(
+            str(folder), 0, train_file="train.arff", labels=["sunny", "rainy"]
+        )
+
+    FORMATS.append(FileFormat("mulan-arff", _arff))
+
+_read_coco = _optional("raysim.data.multilabel", "read_coco_annotations")
+if _read_coco is not None:
+
+    def _coco(folder: Path):
+        target = folder / "instances_train2014.json"
+        content = {
+            "images": [{"id": 7, "file_name": "a.jpg"}, {"id": 3, "file_name": "b.jpg"}],
+            "annotations": [
+                {"image_id": 7, "category_id": 1},
+                {"image_id": 3, "category_id": 90},
+                {"image_id": 7, "category_id": 90},
+            ],
+            "categories": [{"id": 90, "name": "toothbrush"}, {"id": 1, "name": "person"}],
+        }
+        target.write_text(json.dumps(content))
+        return target, lambda: _read_coco(str(target))
+
+    FORMATS.append(FileFormat("coco-instances-json", _coco))
+
+
 @pytest.fixture(scope="module")
 def dataset_folders(tmp_path_factory):
     """One valid dataset folder per format, built on first use (module-scoped for hypothesis)."""
@@ -391,10 +427,14 @@ def test_hostile_leaf_json_raises_only_data_errors(dataset_folders, document):
         target.write_bytes(valid)
 
 
-def test_deeply_nested_leaf_json_is_a_data_error(dataset_folders):
-    target, valid, load = dataset_folders(next(f for f in FORMATS if f.name.startswith("femnist")))
+JSON_FORMATS = [fmt for fmt in FORMATS if fmt.name.endswith("json")]
+
+
+@pytest.mark.parametrize("fmt", JSON_FORMATS, ids=[fmt.name for fmt in JSON_FORMATS])
+def test_deeply_nested_or_overlong_json_is_a_data_error(dataset_folders, fmt):
+    target, valid, load = dataset_folders(fmt)
     try:
-        target.write_text("[" * 200_000 + "]" * 200_000)
+        target.write_text("[" * 200_000 + "]" * 200_000)  # RecursionError in json
         with pytest.raises(DataError):
             load()
         target.write_text('{"users": [1' + "0" * 5000 + "]}")  # over int's digit limit
@@ -478,6 +518,51 @@ def test_hostile_cifar_batches_raise_only_data_errors(dataset_folders, batch, pr
     target, valid, load = dataset_folders(next(f for f in FORMATS if f.name.startswith("cifar")))
     try:
         target.write_bytes(pickle.dumps(batch, protocol=protocol))
+        _only_data_errors(load)
+    finally:
+        target.write_bytes(valid)
+
+
+coco_ids = st.one_of(
+    st.integers(0, 4),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.text(max_size=2),
+    st.none(),
+)
+
+
+@st.composite
+def coco_documents(draw) -> str:
+    """An instances json whose records have hostile ids, names or shapes."""
+
+    def records(fields: dict) -> list:
+        return [
+            {key: draw(strategy) for key, strategy in fields.items() if draw(st.integers(0, 9))}
+            for _ in range(draw(st.integers(0, 3)))
+        ]
+
+    document = {
+        "images": records({"id": coco_ids, "file_name": st.one_of(st.text(max_size=3), coco_ids)}),
+        "annotations": records({"image_id": coco_ids, "category_id": coco_ids}),
+        "categories": records({"id": coco_ids, "name": st.one_of(st.text(max_size=3), coco_ids)}),
+    }
+    if draw(st.integers(0, 4)) == 0:
+        document[draw(st.sampled_from(list(document)))] = draw(json_values)
+    return json.dumps(document, allow_nan=True)
+
+
+COCO_FORMATS = [fmt for fmt in FORMATS if fmt.name.startswith("coco")]
+
+
+@pytest.mark.parametrize("fmt", COCO_FORMATS, ids=[fmt.name for fmt in COCO_FORMATS])
+@BOUNDED
+@given(document=coco_documents())
+def test_hostile_coco_json_raises_only_data_errors(dataset_folders, fmt, document):
+    target, valid, load = dataset_folders(fmt)
+    try:
+        target.write_text(document)
         _only_data_errors(load)
     finally:
         target.write_bytes(valid)

@@ -358,6 +358,8 @@ def read_coco_annotations(path: str) -> tuple[list[tuple[int, str]], np.ndarray,
         ) from None
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"cannot read COCO annotations {path}: {error}") from None
+    except (ValueError, RecursionError) as error:  # an over-long integer; absurd nesting
+        raise DataError(f"{path}: not a COCO annotations file: {error}") from None
     for key in ("images", "annotations", "categories"):
         if not isinstance(content, dict) or not isinstance(content.get(key), list):
             raise DataError(f"{path}: field '{key}' is missing or not a list")
