@@ -175,8 +175,12 @@ def load_checkpoint(path: str | Path) -> tuple[ServerState, dict[str, Any]]:
         raise RaysimError(f"checkpoint {path} is unreadable or truncated: {error}") from None
     if _META_KEY not in arrays:
         raise RaysimError(f"checkpoint {path} has no raysim metadata")
-    meta = json.loads(arrays.pop(_META_KEY).tobytes().decode())
-    return ServerState(int(meta["round"]), arrays), meta
+    try:
+        meta = json.loads(arrays.pop(_META_KEY).tobytes().decode())
+        round_index = int(meta["round"])
+    except (ValueError, KeyError, TypeError) as error:  # incl. JSON and UTF-8 decode errors
+        raise RaysimError(f"checkpoint {path} has unreadable raysim metadata: {error!r}") from None
+    return ServerState(round_index, arrays), meta
 
 
 def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
