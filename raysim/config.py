@@ -108,7 +108,9 @@ class IndexConfig:
     backend: str = "exact"
     shards: int = 1
     retrain_every: int = 50  # rounds between retrainings of a trained index (IVF)
-    num_cpus: float = 1.0  # per shard actor
+    # Ray resources per shard actor (shards > 1 on the Ray backend; one shard runs inside the
+    # server actor). 0 reserves nothing, right for one box; reserve CPUs/GPUs on a cluster.
+    num_cpus: float = 0.0
     num_gpus: float = 0.0
     options: Mapping[str, Any] = field(default_factory=dict)
 

@@ -148,15 +148,21 @@ indexes = Registry("index")
 # --- built-in plug-ins -------------------------------------------------------------------------
 for _name in ("digits", "synthetic_classification", "mnist", "cifar10", "cifar100", "femnist"):
     datasets.register(_name, f"raysim.data.datasets:load_{_name}")
+datasets.register("extreme_classification", "raysim.data.xml:load_extreme_classification")
+datasets.register("synthetic_xml", "raysim.data.synthetic_xml:load_synthetic_xml")
 for _name in ("iid", "dirichlet", "shards", "one_class", "natural", "kmodes", "random"):
     partitioners.register(_name, f"raysim.data.partition:{_name}")
 for _name in ("mlp", "lenet", "conv2", "conv4", "conv6", "conv8"):
     models.register(_name, f"raysim.models.classic:{_name}")
+for _name in ("xml_embedding_bag", "resnet8", "resnet32", "resnet56"):
+    models.register(_name, f"raysim.models.embedding:{_name}")
 algorithms.register("fedavg", "raysim.algorithms.fedavg:FedAvg")
 algorithms.register("fedprox", "raysim.algorithms.fedavg:FedProx")
 algorithms.register("signsgd", "raysim.algorithms.signsgd:SignSGD")
 algorithms.register("topk", "raysim.algorithms.topk:TopK")
 algorithms.register("frl", "raysim.algorithms.frl:FRL")
+algorithms.register("fedaws", "raysim.algorithms.fedaws:FedAwS")
+algorithms.register("fedaws_softmax", "raysim.algorithms.fedaws:FedAwSSoftmax")
 aggregators.register("mean", "raysim.core.aggregators:Mean")
 aggregators.register("weighted_mean", "raysim.core.aggregators:WeightedMean")
 aggregators.register("sum", "raysim.core.aggregators:Sum")

@@ -27,4 +27,6 @@ def encoded_nbytes(payload: Any) -> int:
         return 8
     if payload is None:
         return 0
+    if hasattr(payload, "__wire_nbytes__"):  # a payload object that knows what it sends
+        return int(payload.__wire_nbytes__())
     raise TypeError(f"cannot count the bytes of a {type(payload).__name__} payload")
