@@ -1,4 +1,4 @@
-"""Command line: `raysim run`, `raysim partition`, `raysim info`.
+"""Command line: `raysim run`, `raysim tune`, `raysim partition`, `raysim info`.
 
 Errors caused by the user's input (config, data) print one line `raysim: error: ...` and exit
 with status 2; anything else is a bug and keeps its traceback.
@@ -42,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    tune = commands.add_parser(
+        "tune", help="sweep hyperparameters with Ray Tune (the config's `tune:` section)"
+    )
+    _add_config_arguments(tune)
+    tune.add_argument("--out", help="output folder (default: runs/tune-NAME-TIMESTAMP)")
+    tune.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port)")
 
     partition = commands.add_parser("partition", help="show a config's client split")
     _add_config_arguments(partition)
@@ -94,6 +101,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.config is None:
         raise RaysimError("raysim run needs a CONFIG file (or --resume DIR)")
+    if args.command == "tune":
+        from raysim import tune
+
+        config, spec = tune.load_sweep(args.config, args.overrides)
+        out = args.out or f"runs/tune-{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        result = tune.run_sweep(config, spec, out, address=args.address)
+        return 0 if result.best is not None else 1
     config = config_module.load(args.config, args.overrides)
     if args.command == "partition":
         from raysim.core.loop import load_dataset, split_clients

@@ -3,7 +3,9 @@
 OUT/config.yaml       the resolved config (what `raysim run` accepts to repeat the run)
 OUT/metrics.jsonl     one JSON object per round
 OUT/summary.json      final metrics, totals and throughput
-OUT/tensorboard/      TensorBoard event files (every numeric per-round value as a scalar)
+OUT/tensorboard/      TensorBoard event files: every numeric per-round value as a scalar under its
+                      metrics.jsonl name (eval/accuracy, bytes_up, time/clients_s, ...), plus
+                      derived ones (see `tensorboard_scalars`) and heatmap images
 OUT/checkpoints/      round_NNNNNN.npz: the server state (numpy arrays only, loaded without pickle)
 """
 
@@ -113,17 +115,21 @@ class RunOutputs:
                 self._metrics.flush()
                 if self._writer is not None:
                     step = int(record["round"])
-                    for key, value in _flatten(record).items():
-                        if (
-                            key != "round"
-                            and isinstance(value, int | float)
-                            and math.isfinite(value)
-                        ):
-                            self._writer.add_scalar(key, value, step)
+                    for key, value in tensorboard_scalars(record).items():
+                        self._writer.add_scalar(key, value, step)
+                    for key, values in _number_lists(record).items():
+                        self._writer.add_histogram(key, np.asarray(values), step)
             except BaseException as error:  # surfaced on the next log_round / close
                 self._error = error
             finally:
                 self._queue.task_done()
+
+    def log_heatmap(self, tag: str, matrix: np.ndarray, step: int) -> None:
+        """A matrix as a TensorBoard image (e.g. FLAG/CMDA's pairwise label-distribution KL):
+        low values dark blue, high values yellow; small matrices are enlarged (nearest)."""
+        if self._writer is None:
+            return
+        self._writer.add_image(tag, heatmap_image(matrix), step, dataformats="HWC")
 
     def save_checkpoint(self, state: ServerState, extra: dict[str, Any] | None = None) -> Path:
         self.flush()
@@ -181,6 +187,76 @@ def load_checkpoint(path: str | Path) -> tuple[ServerState, dict[str, Any]]:
     except (ValueError, KeyError, TypeError) as error:  # incl. JSON and UTF-8 decode errors
         raise RaysimError(f"checkpoint {path} has unreadable raysim metadata: {error!r}") from None
     return ServerState(round_index, arrays), meta
+
+
+def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The scalars of one round record: every finite number under its flattened name
+    (`time/clients_s`, `eval/accuracy`, ... so new keys appear without changes here), plus:
+
+    clients/loss_mean        the round's sample-weighted mean training loss (= train_loss)
+    clients/failure_rate     clients_failed / (clients_done + clients_failed)
+    comm/bytes_up_per_client, comm/bytes_down_per_client
+    time/round_s             the round's wall time (= wall_s), beside its split in time/*
+    NAME/min, /median, /mean, /max   for every list of per-client numbers in the record (e.g.
+                             a future `client_losses`), also written as a histogram NAME
+    """
+    scalars = {
+        key: float(value)
+        for key, value in _flatten(record).items()
+        if key != "round"
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    }
+    if "train_loss" in scalars:
+        scalars["clients/loss_mean"] = scalars["train_loss"]
+    done, failed = record.get("clients_done") or 0, record.get("clients_failed") or 0
+    if done + failed:
+        scalars["clients/failure_rate"] = failed / (done + failed)
+    # down: sent to every sampled client; up: counted for the clients whose update arrived
+    for direction, count in (("down", record.get("clients") or 0), ("up", done)):
+        if count and f"bytes_{direction}" in scalars:
+            scalars[f"comm/bytes_{direction}_per_client"] = scalars[f"bytes_{direction}"] / count
+    if "wall_s" in scalars:
+        scalars["time/round_s"] = scalars["wall_s"]
+    for key, values in _number_lists(record).items():
+        scalars[f"{key}/min"] = float(np.min(values))
+        scalars[f"{key}/median"] = float(np.median(values))
+        scalars[f"{key}/mean"] = float(np.mean(values))
+        scalars[f"{key}/max"] = float(np.max(values))
+    return scalars
+
+
+def _number_lists(record: dict[str, Any]) -> dict[str, list[float]]:
+    """Non-empty lists of finite numbers in a record (per-client values), by flattened name."""
+    lists = {}
+    for key, value in _flatten(record).items():
+        if isinstance(value, list | tuple) and value:
+            numbers = [v for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
+            finite = [float(v) for v in numbers if math.isfinite(v)]
+            if len(numbers) == len(value) and finite:
+                lists[key] = finite
+    return lists
+
+
+def heatmap_image(matrix: np.ndarray, min_pixels: int = 256) -> np.ndarray:
+    """An (H, W, 3) uint8 image of a 2-D matrix, scaled to its own min..max."""
+    values = np.asarray(matrix, dtype=np.float64)
+    if values.ndim != 2 or not values.size:
+        raise ValueError(f"a heatmap needs a non-empty 2-D matrix, got shape {values.shape}")
+    finite = np.isfinite(values)
+    low = values[finite].min() if finite.any() else 0.0
+    high = values[finite].max() if finite.any() else 1.0
+    t = np.where(finite, (values - low) / (high - low) if high > low else 0.0, 0.0)
+    # dark blue (0.07, 0.04, 0.33) -> teal -> yellow (0.99, 0.91, 0.14), like viridis' ends
+    stops = np.array([[0.07, 0.04, 0.33], [0.13, 0.57, 0.55], [0.99, 0.91, 0.14]])
+    position = t * (len(stops) - 1)
+    index = np.minimum(position.astype(int), len(stops) - 2)
+    fraction = (position - index)[..., None]
+    rgb = stops[index] * (1 - fraction) + stops[index + 1] * fraction
+    scale = max(1, min_pixels // max(values.shape))
+    rgb = np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+    return (rgb * 255).round().astype(np.uint8)
 
 
 def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
