@@ -10,6 +10,17 @@ from raysim.errors import ConfigError
 from raysim.index import MISSING_ID, ExactIndex, build_index, merge, shard_bounds
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """These searches are tiny: on a loaded 2-core box, OpenMP thread hand-offs would dominate."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def normalized(rows: np.ndarray) -> np.ndarray:
     return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
 
@@ -60,7 +71,9 @@ def tied_queries(tied_rows) -> np.ndarray:
 def test_exact_one_and_four_shards_give_identical_ids_and_similarities(tied_rows, tied_queries):
     k = 40
     one = build_index("exact", *tied_rows.shape, shards=1)
-    four = build_index("exact", *tied_rows.shape, shards=4, max_block_elements=20_000)
+    four = build_index(
+        "exact", *tied_rows.shape, shards=4, max_block_elements=20_000, engine="torch"
+    )
     one.reset(tied_rows)
     four.reset(tied_rows)
     ids_one, sims_one = one.search(tied_queries, tied_rows[tied_queries], k)
@@ -81,11 +94,23 @@ def test_every_shard_count_and_block_size_agrees(tied_rows, tied_queries):
     reference.reset(tied_rows)
     expected = reference.search(tied_queries, tied_rows[tied_queries], k)
     for shards, block in ((2, 1 << 25), (3, 100_000), (7, 50_000)):
-        index = build_index("exact", *tied_rows.shape, shards=shards, max_block_elements=block)
+        index = build_index(
+            "exact", *tied_rows.shape, shards=shards, max_block_elements=block, engine="torch"
+        )
         index.reset(tied_rows)
         ids, sims = index.search(tied_queries, tied_rows[tied_queries], k)
         np.testing.assert_array_equal(ids, expected[0])
         np.testing.assert_array_equal(sims, expected[1])
+
+
+def test_torch_and_faiss_engines_agree_bit_for_bit(tied_rows, tied_queries):
+    answers = []
+    for engine in ("torch", "faiss"):
+        index = build_index("exact", *tied_rows.shape, shards=3, engine=engine, device="cpu")
+        index.reset(tied_rows)
+        answers.append(index.search(tied_queries, tied_rows[tied_queries], 35))
+    np.testing.assert_array_equal(answers[0][0], answers[1][0])
+    np.testing.assert_array_equal(answers[0][1], answers[1][1])
 
 
 def test_merge_orders_by_similarity_then_id():
@@ -162,6 +187,31 @@ def test_approximate_backends_reach_high_recall_and_exclude_the_query(backend, o
         assert ids[0, 0] == 7
 
 
+def test_hnsw_relinks_only_rows_that_moved_far_and_rescores_exactly():
+    rows = clustered(3000, 16, 30, 0.1, seed=8)
+    index = build_index("hnsw", 3000, 16, M=8, relink_distance=0.05)
+    index.reset(rows)
+    moved = rows.copy()
+    nudged = np.arange(0, 3000, 10)  # tiny moves: kept in place in the graph
+    moved[nudged] = normalized(moved[nudged] + 0.001 * np.ones(16, np.float32))
+    moved[[1, 2]] = moved[[500, 600]]  # big moves: re-linked
+    changed = np.concatenate([nudged, [1, 2]])
+    index.update(changed, moved[changed])
+    counters = index.diagnostics()[0]
+    assert counters["relinked_rows"] == 2 and counters["skipped_rows"] == len(nudged)
+    queries = np.array([500, 600, 30, 40])
+    ids, sims = index.search(queries, moved[queries], 10)
+    assert ids[0, 0] == 1 and ids[1, 0] == 2
+    # similarities are exact dot products with the current rows (the exact index's numbers)
+    exact = build_index("exact", 3000, 16)
+    exact.reset(moved)
+    exact_ids, exact_sims = exact.search(queries, moved[queries], 10)
+    expected = (moved[queries, None, :].astype(np.float64) * moved[ids]).sum(-1)
+    np.testing.assert_allclose(sims, expected, rtol=0, atol=1e-6)
+    same = ids == exact_ids
+    np.testing.assert_array_equal(sims[same], exact_sims[same])
+
+
 def test_ivf_with_few_probes_still_returns_k_and_retrains():
     rows = clustered(3000, 16, 30, 0.3, seed=6)
     index = build_index("faiss_ivf", 3000, 16, nlist=60, nprobe=1, retrain_every=2)
@@ -175,9 +225,10 @@ def test_ivf_with_few_probes_still_returns_k_and_retrains():
 
 
 def test_exact_index_memory_bound_does_not_change_answers():
-    rows = clustered(1500, 24, 12, 0.4, seed=7)
-    queries = np.arange(0, 1500, 5)
-    small = ExactIndex(1500, 24, max_block_elements=3_000, device="cpu")
+    rows = clustered(12_000, 16, 12, 0.4, seed=7)
+    queries = np.arange(0, 12_000, 30)
+    # 16 queries x 4096 rows per score block: 3 row blocks (threshold path), 25 query blocks
+    small = ExactIndex(12_000, 16, max_block_elements=1 << 16, device="cpu", engine="torch")
     small.reset(rows)
     ids, sims = small.search(queries, rows[queries], 12)
     truth_ids, truth_sims = brute_force(rows, queries, 12)
@@ -195,7 +246,9 @@ def test_exact_index_memory_bound_does_not_change_answers():
         ({"backend": "faiss_ivf", "nlist": 80, "shards": 2}, "index.nlist must be in [1, 50]"),
         ({"backend": "faiss_ivf", "nprobe": "8"}, "'index.nprobe' expects int"),
         ({"backend": "hnsw", "M": 1}, "index.M must be >= 2"),
+        ({"backend": "hnsw", "relink_distance": 3}, "index.relink_distance must be in [0, 2]"),
         ({"backend": "exact", "device": "tpu"}, "index.device must be"),
+        ({"backend": "exact", "engine": "blas"}, "index.engine must be"),
         ({"backend": "exact", "num_gpus": -1}, "'index.num_gpus' expects a number >= 0"),
     ],
 )

@@ -90,9 +90,9 @@ def spreadout_topk(
 
     _check_distance(distance)
     weights = torch.as_tensor(W)
-    classes = np.asarray(class_ids, dtype=np.int64)
-    neighbors = np.asarray(neighbor_ids, dtype=np.int64)
-    nu = torch.as_tensor(np.asarray(neighbor_nu), dtype=weights.dtype)
+    classes = np.array(class_ids, dtype=np.int64)  # copies: inputs may be read-only views
+    neighbors = np.array(neighbor_ids, dtype=np.int64)
+    nu = torch.tensor(np.asarray(neighbor_nu), dtype=weights.dtype)
     count, k = neighbors.shape if neighbors.ndim == 2 else (-1, -1)
     if classes.ndim != 1 or count != classes.shape[0] or nu.shape != (count,):
         raise ValueError(
@@ -164,7 +164,7 @@ def mine_negatives(
     to the (k+1)-th. Returns (neighbor_ids int64 (q, k), nu (q,) in W's float dtype).
     """
     _check_distance(distance)
-    weights = np.asarray(torch.as_tensor(W).numpy())
+    weights = W.detach().cpu().numpy() if isinstance(W, torch.Tensor) else np.asarray(W)
     classes = np.asarray(class_ids, dtype=np.int64)
     queries = np.ascontiguousarray(weights[classes], dtype=np.float32)
     ids, sims = index.search(classes, queries, k + 1)

@@ -172,9 +172,21 @@ def _call_shard(shard: Any, method: str, args: tuple) -> Any:
 
 
 def shard_diagnostics(shard: Any) -> dict[str, Any]:
-    """The counters a backend exposes (those that exist on it)."""
-    names = ("row_offset", "num_rows", "fallback_queries", "trainings")
-    return {name: getattr(shard, name) for name in names if hasattr(shard, name)}
+    """The counters a backend exposes, plus the process id and peak RSS of its process."""
+    import os
+
+    from raysim.outputs import peak_rss_bytes
+
+    names = (
+        "row_offset",
+        "num_rows",
+        "fallback_queries",
+        "trainings",
+        "relinked_rows",
+        "skipped_rows",
+    )
+    found = {name: getattr(shard, name) for name in names if hasattr(shard, name)}
+    return {**found, "pid": os.getpid(), "peak_rss_bytes": peak_rss_bytes()}
 
 
 _ACTOR_CLASS = None
