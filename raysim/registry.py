@@ -181,6 +181,7 @@ for _name in ("sgd", "adagrad", "adam"):
 datasets.register("synthetic_multilabel", "raysim.data.multilabel:load_synthetic_multilabel")
 datasets.register("arff", "raysim.data.multilabel:load_arff")
 datasets.register("coco", "raysim.data.multilabel:load_coco")
+datasets.register("xc_multilabel", "raysim.data.multilabel:load_xc_multilabel")
 models.register("mlp_bn", "raysim.models.multilabel:mlp_bn")
 algorithms.register("flag", "raysim.algorithms.flag:FLAG")
 algorithms.register("multilabel_fedavg", "raysim.algorithms.flag:MultiLabelAveraging")

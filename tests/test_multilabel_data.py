@@ -191,3 +191,17 @@ def test_synthetic_multilabel_is_correlated_uneven_and_learnable():
     assert mean_average_precision(scores, data.test_y) > 0.6 > 3 * frequency.mean()
     same = load_synthetic_multilabel(None, 0, num_samples=4000, num_test=1000)
     np.testing.assert_array_equal(same.train_x, data.train_x)
+
+
+def test_xc_text_files_as_dense_multilabel_data(tmp_path):
+    from raysim.data.multilabel import load_xc_multilabel
+
+    (tmp_path / "train.txt").write_text("3 4 3\n0,2 0:1.5 3:2\n1 1:1\n 2:0.5\n")
+    (tmp_path / "test.txt").write_text("1 4 3\n2 0:1\n")
+    data = load_xc_multilabel(str(tmp_path), 0)
+    np.testing.assert_array_equal(data.train_y, [[1, 0, 1], [0, 1, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(data.train_x[0], [1.5, 0, 0, 2])
+    np.testing.assert_array_equal(data.test_y, [[0, 0, 1]])
+    (tmp_path / "test.txt").write_text("1 4 3\n2 9:1\n")
+    with pytest.raises(DataError, match="test.txt"):
+        load_xc_multilabel(str(tmp_path), 0)

@@ -460,3 +460,51 @@ def load_coco(
         arrays.append((_load_images(os.path.join(root, split), files, image_size), labels[keep]))
     (train_x, train_y), (test_x, test_y) = arrays
     return Dataset("coco", train_x, train_y, test_x, test_y, num_classes=len(names))
+
+
+# --- Extreme Classification Repository text files (shared reader: raysim.data.xml) -------------
+
+XC_DENSE_LIMIT = 1 << 28  # dense feature values (1 GiB of float32) a FLAG-sized XC set may use
+
+
+def load_xc_multilabel(
+    root: str | None,
+    seed: int,
+    *,
+    train_file: str = "train.txt",
+    test_file: str = "test.txt",
+) -> Dataset:
+    """Small XC datasets (Mediamill, Bibtex, Delicious, ...) as FLAG data: dense features and
+    multi-hot labels, read with raysim.data.xml's parser (which names file and line on error).
+
+    FLAG's models take dense vectors, so features are densified; sets whose points x features
+    exceed XC_DENSE_LIMIT are refused (FedAwS's sparse path is the one for extreme sizes).
+    """
+    from raysim.data.xml import label_sets_to_multi_hot, parse_xc_file
+
+    del seed
+    train_path, test_path = _resolve(root, train_file), _resolve(root, test_file)
+    for path in (train_path, test_path):
+        if not os.path.isfile(path):
+            raise DataError(f"dataset 'xc_multilabel': file not found: {path}")
+    train = parse_xc_file(train_path)
+    test = parse_xc_file(test_path, num_features=train.num_features, num_labels=train.num_labels)
+    points = train.num_points + test.num_points
+    if points * train.num_features > XC_DENSE_LIMIT:
+        raise DataError(
+            f"{train_path}: {points} points x {train.num_features} features is too large to "
+            f"densify for FLAG (limit {XC_DENSE_LIMIT} values); use a smaller XC dataset"
+        )
+
+    def dense(data) -> np.ndarray:
+        x = np.zeros((data.num_points, data.num_features), dtype=np.float32)
+        rows = np.repeat(np.arange(data.num_points), np.diff(data.feature_indptr))
+        x[rows, data.feature_ids] = data.feature_values
+        return x
+
+    def labels(data) -> np.ndarray:
+        return label_sets_to_multi_hot(data.label_indptr, data.label_ids, data.num_labels)
+
+    return Dataset(
+        "xc_multilabel", dense(train), labels(train), dense(test), labels(test), train.num_labels
+    )
