@@ -433,21 +433,23 @@ def _trial_lines(metric: str, rounds: int):
         finished = 0
 
         def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-            self._line(trial, "")
+            self._line(trial)
 
         def on_trial_error(self, iteration, trials, trial, **info) -> None:
-            self._line(trial, " (error)")
+            self._line(trial, failed=True)
 
-        def _line(self, trial, suffix: str) -> None:
+        def _line(self, trial, failed: bool = False) -> None:
             self.finished += 1
             result = trial.last_result or {}
             done = result.get("round")
             status = "completed" if done == rounds else f"stopped at round {done}"
+            if failed:
+                status = f"FAILED after round {done or 0} (see the table's errors)"
             params = ", ".join(f"{k}={_short(v)}" for k, v in trial.config.items())
             value = result.get(metric)
             shown = f"{value:.6g}" if isinstance(value, int | float) else "-"
             print(
-                f"trial {trial.trial_id} {status}{suffix}: {metric}={shown} ({params}); "
+                f"trial {trial.trial_id} {status}: {metric}={shown} ({params}); "
                 f"{self.finished} finished"
             )
 

@@ -19,6 +19,7 @@ from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.metrics import evaluate_classifier
 from raysim.models.vector import build_model, cached_model, get_vector, set_vector
+from raysim.runtime.devices import autocast, client_device
 
 
 def local_sgd(
@@ -28,11 +29,14 @@ def local_sgd(
     generator: torch.Generator,
     ctx: RunContext,
     proximal_mu: float = 0.0,
+    mixed_precision: bool = False,
 ) -> float:
     """E epochs of minibatch SGD on one client's data; returns the mean training loss.
 
     Batches are shuffled with the client's own generator, so the result depends only on
-    (seed, round, client id), never on which worker ran the client.
+    (seed, round, client id), never on which worker ran the client. The model and the data
+    may live on a GPU (the batch order is drawn on the CPU either way); `mixed_precision`
+    runs the forward pass and the loss under bfloat16 autocast.
     """
     clients = ctx.config.clients
     optimizer = torch.optim.SGD(
@@ -46,8 +50,9 @@ def local_sgd(
     for _ in range(clients.local_epochs):
         order = torch.randperm(len(y), generator=generator)
         for start in range(0, len(y), clients.batch_size):
-            batch = order[start : start + clients.batch_size]
-            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
+            batch = order[start : start + clients.batch_size].to(x.device)
+            with autocast(x.device, mixed_precision):
+                loss = nn.functional.cross_entropy(model(x[batch]).float(), y[batch])
             if anchors is not None:
                 proximal = sum(
                     ((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchors, strict=True)
@@ -66,12 +71,13 @@ class _DeltaAveraging:
 
     default_aggregator = "weighted_mean"
 
-    def __init__(self, proximal_mu: float) -> None:
+    def __init__(self, proximal_mu: float, mixed_precision: bool = False) -> None:
         if proximal_mu < 0:
             from raysim.errors import ConfigError
 
             raise ConfigError(f"'algorithm.mu' must be >= 0, got {proximal_mu}")
         self.proximal_mu = float(proximal_mu)
+        self.mixed_precision = bool(mixed_precision)
 
     def _server_optimizer(self, ctx: RunContext):
         server = ctx.config.server
@@ -94,11 +100,14 @@ class _DeltaAveraging:
         generator: torch.Generator,
         ctx: RunContext,
     ) -> ClientUpdate:
-        model = cached_model(ctx)
+        # The task's GPU when clients.num_gpus reserved one, else the CPU (devices.py).
+        device = client_device(ctx)
+        model = cached_model(ctx, device)
         set_vector(model, payload)
         loss = float("nan")
         if len(y):
-            loss = local_sgd(model, x, y, generator, ctx, self.proximal_mu)
+            x, y = x.to(device), y.to(device)
+            loss = local_sgd(model, x, y, generator, ctx, self.proximal_mu, self.mixed_precision)
         delta = get_vector(model) - payload
         return ClientUpdate(
             client_id=client_id,
@@ -137,10 +146,13 @@ class _DeltaAveraging:
 
 
 class FedAvg(_DeltaAveraging):
-    def __init__(self) -> None:
-        super().__init__(proximal_mu=0.0)
+    """`mixed_precision: true`: clients train under bfloat16 autocast (for heavy models on
+    GPUs; weights, optimizer and deltas stay float32)."""
+
+    def __init__(self, *, mixed_precision: bool = False) -> None:
+        super().__init__(proximal_mu=0.0, mixed_precision=mixed_precision)
 
 
 class FedProx(_DeltaAveraging):
-    def __init__(self, *, mu: float = 0.01) -> None:
-        super().__init__(proximal_mu=mu)
+    def __init__(self, *, mu: float = 0.01, mixed_precision: bool = False) -> None:
+        super().__init__(proximal_mu=mu, mixed_precision=mixed_precision)

@@ -42,16 +42,22 @@ def build_model(ctx) -> nn.Module:  # ctx: raysim.core.algorithm.RunContext
             raise ConfigError(f"model '{model_config.name}': {error}") from None
 
 
-def cached_model(ctx) -> nn.Module:
-    """One model object per (architecture, shapes) per worker process, reused across clients.
+def cached_model(ctx, device: torch.device | None = None) -> nn.Module:
+    """One model object per (architecture, shapes, device) per worker process, reused across
+    clients.
 
     Clients overwrite all of its values before use, so reuse cannot leak state between clients;
-    it only saves rebuilding the module for every client.
+    it only saves rebuilding the module for every client. `device`: where it lives (None: CPU).
     """
     key = ctx.model_key()
+    if device is not None and device.type != "cpu":
+        key = f"{key}@{device}"
     model = _MODEL_CACHE.get(key)
     if model is None:
-        model = _MODEL_CACHE[key] = build_model(ctx)
+        model = build_model(ctx)
+        if device is not None and device.type != "cpu":
+            model = model.to(device)
+        _MODEL_CACHE[key] = model
     return model
 
 
@@ -63,6 +69,7 @@ def get_vector(model: nn.Module) -> np.ndarray:
     with torch.no_grad():
         return (
             torch.cat([t.detach().reshape(-1) for t in _tensors(model)])
+            .cpu()  # no-op on the CPU; from a GPU model, one copy of the whole vector
             .numpy()
             .astype(np.float32, copy=True)
         )
@@ -73,7 +80,8 @@ def vector_size(model: nn.Module) -> int:
 
 
 def set_vector(model: nn.Module, vector: np.ndarray) -> None:
-    """Copy `vector` into the model (the vector may be a read-only object-store view)."""
+    """Copy `vector` into the model (the vector may be a read-only object-store view; the
+    model may live on a GPU: copy_ moves each slice there)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only numpy view: we only read it
         source = torch.from_numpy(np.asarray(vector, dtype=np.float32))

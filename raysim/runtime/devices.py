@@ -47,11 +47,10 @@ def client_device(ctx) -> torch.device:  # ctx: raysim.core.algorithm.RunContext
     return torch.device("cpu")
 
 
-def autocast(ctx, device: torch.device):
-    """The mixed-precision context of `clients.mixed_precision` (bfloat16 autocast; off: no-op).
+def autocast(device: torch.device, enabled: bool):
+    """bfloat16 autocast on `device` when `enabled` (an algorithm's `mixed_precision`).
 
     bfloat16 keeps float32's exponent range, so no loss scaling is needed; parameters, the
     optimizer and the deltas sent to the server stay float32.
     """
-    enabled = bool(getattr(ctx.config.clients, "mixed_precision", False))
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
