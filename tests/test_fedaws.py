@@ -216,3 +216,28 @@ def test_broadcast_counts_only_sent_arrays():
     theta = np.zeros(10, dtype=np.float32)
     assert encoded_nbytes(Broadcast(theta, 123)) == 40
     assert encoded_nbytes(Broadcast(theta, 1, np.zeros((3, 2), dtype=np.float32))) == 64
+
+
+def test_bad_client_updates_are_refused_in_the_task_and_the_round_equals_the_round_without_them(
+    tiny_setup,
+):
+    config, dataset, split, ctx, classes = tiny_setup
+    ids = np.array([3, 8, 15, 22])
+    reference = Server(ctx, dataset.test_x, dataset.test_y, classes)
+    _round(reference, dataset, split, ctx, np.array([3, 15, 22]))
+
+    server = Server(ctx, dataset.test_x, dataset.test_y, classes)
+    original = server.algorithm.client_update
+
+    def poisoned(payload, x, y, client_id, generator, ctx):
+        update = original(payload, x, y, client_id, generator, ctx)
+        if client_id == 8:
+            update.message["dense"][0] = np.nan
+        return update
+
+    server.algorithm.client_update = poisoned
+    stats, _ = _round(server, dataset, split, ctx, ids)
+    assert stats.clients_rejected == 1 and stats.clients_done == 3
+    assert "client 8" in stats.rejected[0] and "NaN" in stats.rejected[0]
+    for key in reference.state.arrays:
+        assert np.array_equal(reference.state.arrays[key], server.state.arrays[key]), key

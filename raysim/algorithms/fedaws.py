@@ -84,6 +84,59 @@ def to_fixed(values: np.ndarray, weight: int, client_id: int) -> np.ndarray:
     return np.rint(scaled).astype(np.int64)
 
 
+def _float_array_problem(name: str, value, shape: tuple[int, ...]) -> str | None:
+    if not isinstance(value, np.ndarray) or value.dtype != np.float32:
+        return f"'{name}' must be a float32 array, got {type(value).__name__}"
+    if value.shape != shape:
+        return f"'{name}' has shape {value.shape}, expected {shape}"
+    if not np.isfinite(value).all():
+        return f"'{name}' holds NaN or Inf"
+    return None
+
+
+def check_message(message, num_samples, layout: _ModelLayout, num_classes: int, dim: int):
+    """Why a FedAwS/softmax client message is malformed, or None (checked in the task)."""
+    if not isinstance(message, dict):
+        return f"message must be a dict, got {type(message).__name__}"
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        return f"num_samples must be a positive integer, got {num_samples!r}"
+    dense_size = layout.size if layout.bag is None else len(layout.dense_index)
+    problem = _float_array_problem("dense", message.get("dense"), (dense_size,))
+    if problem:
+        return problem
+    if layout.bag is not None:
+        ids = message.get("bag_ids")
+        if not isinstance(ids, np.ndarray) or ids.ndim != 1 or ids.dtype.kind not in "iu":
+            return "'bag_ids' must be a 1-D integer array"
+        if len(ids) and (ids.min() < 0 or ids.max() >= layout.bag_rows - 1):
+            return f"'bag_ids' out of range [0, {layout.bag_rows - 1})"
+        if len(ids) > 1 and not (np.diff(ids.astype(np.int64)) > 0).all():
+            return "'bag_ids' must be strictly increasing"
+        problem = _float_array_problem(
+            "bag_rows", message.get("bag_rows"), (len(ids), layout.bag_width)
+        )
+        if problem:
+            return problem
+    if "row" in message:
+        problem = _float_array_problem("row", message["row"], (dim,))
+        if problem:
+            return problem
+        cls = message.get("class")
+        if isinstance(cls, bool) or not isinstance(cls, int) or not 0 <= cls < num_classes:
+            return f"'class' must be a class id in [0, {num_classes}), got {cls!r}"
+    if "classes" in message:
+        problem = _float_array_problem("classes", message["classes"], (num_classes, dim))
+        if problem:
+            return problem
+    for key in ("dense", "bag_rows", "row", "classes"):
+        value = message.get(key)
+        weight = 1 if key == "row" else num_samples  # rows are averaged per class, unweighted
+        if isinstance(value, np.ndarray) and value.size:
+            if float(np.max(np.abs(value))) * weight * _FIXED_SCALE >= _FIXED_LIMIT:
+                return f"'{key}' too large for exact aggregation (did local training diverge?)"
+    return None
+
+
 def _reduce_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sum int64 rows that share an id (exact, so the order of `ids` does not matter)."""
     if not len(ids):
@@ -242,7 +295,8 @@ class _ClassEmbeddingMethod:
 
     # --- exact reduction --------------------------------------------------------------------------
     def task_reducer(self, ctx: RunContext) -> _Reducer:
-        return _Reducer()
+        model = cached_model(ctx)
+        return _Reducer(_ModelLayout(model), ctx.num_classes, self._check_model(ctx, model))
 
     def merge_reduced(self, accumulated: dict | None, message: dict, ctx: RunContext) -> dict:
         if accumulated is None:
@@ -332,7 +386,8 @@ def mean_pairwise_cosine(rows: np.ndarray) -> float:
 class _Reducer:
     """Sums one task's client messages exactly (integer fixed point)."""
 
-    def __init__(self) -> None:
+    def __init__(self, layout: _ModelLayout, num_classes: int, dim: int) -> None:
+        self.layout, self.num_classes, self.dim_expected = layout, num_classes, dim
         self.weight = 0
         self.dense: np.ndarray | None = None
         self.bag_ids: list[np.ndarray] = []
@@ -343,7 +398,13 @@ class _Reducer:
         self.bag_width = 0
         self.dim = 0
 
-    def add(self, update: ClientUpdate) -> None:
+    def add(self, update: ClientUpdate) -> str | None:
+        """Fold one client's message in; returns why it was refused instead (None: folded)."""
+        problem = check_message(
+            update.message, update.num_samples, self.layout, self.num_classes, self.dim_expected
+        )
+        if problem is not None:
+            return problem
         message, weight, client = update.message, int(update.num_samples), update.client_id
         self.weight += weight
         dense = to_fixed(message["dense"], weight, client)
@@ -361,6 +422,7 @@ class _Reducer:
             self.classes_dense = (
                 classes if self.classes_dense is None else self.classes_dense + classes
             )
+        return None
 
     def result(self) -> dict:
         bag_ids, bag_rows = _reduce_rows(
