@@ -32,6 +32,9 @@ class RunConfig:
     eval_every: int = 1  # evaluate the global model every N rounds (and always after the last)
     checkpoint_every: int = 10  # write a checkpoint every N rounds (0: only after the last)
     keep_checkpoints: int = 3
+    # Ray backend: client tasks still running this many seconds after the round's dispatch are
+    # cancelled and their clients dropped for the round (None: wait for every client).
+    round_deadline_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +64,9 @@ class ClientsConfig:
     per_task: int | str = "auto"  # clients trained one after another inside one Ray task
     num_cpus: float = 1.0  # per client task; torch threads inside the task = max(1, int(num_cpus))
     num_gpus: float = 0.0
+    # A client whose training fails (worker crash, injected fault) is retried up to this many
+    # times in the same round, then dropped for the round.
+    max_retries: int = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +122,20 @@ class IndexConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FaultsConfig:
+    """Injected client faults (raysim.core.faults), deterministic given `seed`: each
+    (round, client, attempt) fails with probability `client_failure_rate` (a hard worker exit
+    for `hard_exit_fraction` of failures, else an exception) and is a straggler, delayed by
+    `straggler_delay_s`, with probability `straggler_rate`."""
+
+    client_failure_rate: float = 0.0
+    hard_exit_fraction: float = 0.5
+    straggler_rate: float = 0.0
+    straggler_delay_s: float = 0.0
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
     backend: str = "ray"  # 'ray' or 'local'
     num_cpus: int | None = None  # CPUs for a local Ray start (None: all)
@@ -136,6 +156,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict with plug-in options flattened back into their sections."""
@@ -337,6 +358,7 @@ _TYPE_NAMES = {
     "RuntimeConfig": RuntimeConfig,
     "IndexConfig": IndexConfig,
     "AttackConfig": AttackConfig,
+    "FaultsConfig": FaultsConfig,
 }
 
 
@@ -390,6 +412,13 @@ def _validate(config: Config, source: str) -> None:
     require(run.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", run.checkpoint_every)
     require(run.keep_checkpoints >= 1, "run.keep_checkpoints", ">= 1", run.keep_checkpoints)
     require(run.seed >= 0, "run.seed", ">= 0", run.seed)
+    deadline = run.round_deadline_s
+    require(
+        deadline is None or (deadline > 0 and finite(deadline)),
+        "run.round_deadline_s",
+        "a finite number of seconds > 0, or null",
+        deadline,
+    )
     for key, path in (("data.root", config.data.root), ("partition.cache_dir", part.cache_dir)):
         require(path is None or (path != "" and "\0" not in path), key, "a path", path)
     require(part.num_clients >= 1, "partition.num_clients", ">= 1", part.num_clients)
@@ -423,6 +452,18 @@ def _validate(config: Config, source: str) -> None:
     require(finite(clients.num_cpus), "clients.num_cpus", "finite", clients.num_cpus)
     require(clients.num_gpus >= 0, "clients.num_gpus", ">= 0", clients.num_gpus)
     require(finite(clients.num_gpus), "clients.num_gpus", "finite", clients.num_gpus)
+    require(clients.max_retries >= 0, "clients.max_retries", ">= 0", clients.max_retries)
+    faults = config.faults
+    for key in ("client_failure_rate", "hard_exit_fraction", "straggler_rate"):
+        value = getattr(faults, key)
+        require(0 <= value <= 1, f"faults.{key}", "in [0, 1]", value)
+    require(
+        faults.straggler_delay_s >= 0 and finite(faults.straggler_delay_s),
+        "faults.straggler_delay_s",
+        "a finite number of seconds >= 0",
+        faults.straggler_delay_s,
+    )
+    require(faults.seed >= 0, "faults.seed", ">= 0", faults.seed)
     attack = config.attack
     require(0 <= attack.fraction < 1, "attack.fraction", "in [0, 1)", attack.fraction)
     require(attack.pool_size >= 0, "attack.pool_size", ">= 0", attack.pool_size)

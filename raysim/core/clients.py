@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from raysim.core.algorithm import RunContext
+from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
 from raysim.core.sampling import client_generator
 from raysim.core.state import ClientUpdate, ReducedUpdate
@@ -29,12 +30,18 @@ def train_clients(
     round_index: int,
     client_ids: Sequence[int],
     personal_payloads: Sequence | None = None,
+    attempts: Sequence[int] | None = None,
+    hard_exits: bool = False,
 ) -> list[ClientUpdate | ReducedUpdate]:
     """Run local training for `client_ids` one after another; updates in the same order.
 
     With `personal_payloads` (one per client, from the algorithm's `client_payload`), each
     client receives `(payload, its personal payload)`. An algorithm with a `task_reducer`
     gets its clients' updates folded into one `ReducedUpdate`, which is all the task returns.
+
+    Under `faults:` each client first meets the fault plan at its attempt (`attempts`, one per
+    client, default 0; raysim.core.faults): it may sleep (straggler) or fail, which ends the
+    whole call (an InjectedClientFailure, or with `hard_exits` an exit of the process).
     """
     if personal_payloads is not None and len(personal_payloads) != len(client_ids):
         raise ValueError(
@@ -43,6 +50,7 @@ def train_clients(
     make_reducer = getattr(algorithm, "task_reducer", None)
     reducer = make_reducer(ctx) if make_reducer is not None else None
     reduced = ReducedUpdate([], [], None, [], 0)
+    faults = FaultPlan.from_config(ctx.config)
     previous_threads = torch.get_num_threads()
     if previous_threads != ctx.client_threads:
         # Same thread count on every backend: float results can depend on it.
@@ -51,6 +59,9 @@ def train_clients(
         updates: list[ClientUpdate | ReducedUpdate] = []
         for position, client_id in enumerate(client_ids):
             client_id = int(client_id)
+            if faults is not None:
+                attempt = 0 if attempts is None else int(attempts[position])
+                faults.inject(round_index, client_id, attempt, hard_exits)
             rows = indices[offsets[client_id] : offsets[client_id + 1]]
             x = torch.from_numpy(train_x[rows])
             y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))
@@ -62,13 +73,18 @@ def train_clients(
             if reducer is None:
                 updates.append(update)
                 continue
+            # The reducer checks each update before folding it in (the server never sees
+            # them one by one); a refused update is left out, as if the client dropped out.
+            problem = reducer.add(update)
+            if problem is not None:
+                reduced.rejected.append((int(update.client_id), problem))
+                continue
             reduced.client_ids.append(update.client_id)
             reduced.num_samples.append(update.num_samples)
             reduced.metrics.append(update.metrics)
             reduced.bytes_up += encoded_nbytes(update.message)
-            reducer.add(update)
-        if reducer is not None and reduced.client_ids:
-            reduced.message = reducer.result()
+        if reducer is not None and (reduced.client_ids or reduced.rejected):
+            reduced.message = reducer.result() if reduced.client_ids else None
             updates.append(reduced)
         return updates
     finally:

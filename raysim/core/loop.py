@@ -27,6 +27,7 @@ import numpy as np
 from raysim import registry
 from raysim.config import Config
 from raysim.core.algorithm import RunContext
+from raysim.core.faults import ServerLost
 from raysim.core.sampling import (
     DATA,
     PARTITION,
@@ -39,6 +40,9 @@ from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit, make_split
 from raysim.errors import RaysimError
 from raysim.outputs import RunOutputs, load_checkpoint, peak_rss_bytes
+
+# Restarts of a lost server in a row (while recovering one round) before the run gives up.
+MAX_SERVER_RESTARTS = 3
 
 
 def _test_kill_hook() -> int | None:
@@ -238,6 +242,8 @@ def run(
     round_times: list[float] = []
     totals = {"bytes_up": 0, "bytes_down": 0, "clients_done": 0, "clients_failed": 0}
     totals["clients_rejected"] = 0  # updates refused before aggregation (core.validation)
+    # client faults (raysim.core.faults): clients dropped after their retries or for being late
+    totals.update(clients_dropped=0, clients_late=0, task_retries=0)
     last_eval: dict[str, float] = {}
     train_loss = float("nan")
     for record in history or []:  # rounds done before a resume count in the totals
@@ -263,6 +269,55 @@ def run(
             )
         return RoundInfo(round_index, client_ids, malicious_below, pool)
 
+    def newest_checkpoint(before: int) -> ServerState | None:
+        """The newest readable checkpoint of this run up to round `before` (else the state
+        this run was resumed from; None: the initial state)."""
+        for path in sorted(outputs.checkpoint_dir.glob("round_*.npz"), reverse=True):
+            try:
+                state, _ = load_checkpoint(path)
+            except RaysimError as error:
+                print(f"raysim: skipping checkpoint: {error}", file=sys.stderr, flush=True)
+                continue
+            if state.round <= before:
+                return state
+        return restored
+
+    restarts = {"total": 0, "round": 0, "replayed": 0}
+
+    def recover(rounds_done: int) -> None:
+        """The server was lost: restart it from the newest checkpoint and replay the rounds
+        after it (not logged again: their records are already in metrics.jsonl), up to
+        `rounds_done` rounds. Replayed rounds are computed exactly as the first time."""
+        for _ in range(MAX_SERVER_RESTARTS):
+            state = newest_checkpoint(rounds_done)
+            since = state.round if state is not None else 0
+            print(
+                f"raysim: the server was lost; restarting it from round {since} and replaying "
+                f"{rounds_done - since} round(s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            restarts["total"] += 1
+            restarts["round"] += 1
+            try:
+                backend.restart(state)
+                for replay in range(since, rounds_done):
+                    backend.run_round(round_info(replay), False, None)
+            except ServerLost:
+                continue
+            restarts["replayed"] += rounds_done - since
+            return
+        raise RaysimError(f"the server was lost {MAX_SERVER_RESTARTS} times in a row; giving up")
+
+    def with_server(call: Callable[[], Any], rounds_done: int) -> Any:
+        """`call()`, after restarting the server (and replaying rounds) as often as it is lost."""
+        for _ in range(MAX_SERVER_RESTARTS):
+            try:
+                return call()
+            except ServerLost:
+                recover(rounds_done)
+        return call()
+
     next_info = None
     started = time.perf_counter()
     try:
@@ -274,7 +329,11 @@ def run(
             next_info = round_info(round_index + 1) if round_index + 1 < rounds else None
             last = round_index == rounds - 1
             evaluate = last or (round_index + 1) % config.run.eval_every == 0
-            stats = backend.run_round(info, evaluate, next_info)
+            restarts["round"] = restarts["replayed"] = 0
+            stats = with_server(
+                lambda: backend.run_round(info, evaluate, next_info),  # noqa: B023
+                round_index,
+            )
             round_s = time.perf_counter() - round_started
             round_times.append(round_s)
             for key in totals:
@@ -291,6 +350,9 @@ def run(
                 "clients_done": stats.clients_done,
                 "clients_failed": stats.clients_failed,
                 "clients_rejected": stats.clients_rejected,
+                "clients_dropped": stats.clients_dropped,
+                "clients_late": stats.clients_late,
+                "task_retries": stats.task_retries,
                 "bytes_up": stats.bytes_up,
                 "bytes_down": stats.bytes_down,
                 "train_loss": stats.train_loss,
@@ -304,6 +366,9 @@ def run(
                     "evaluate_s": stats.evaluate_s,
                 },
             }
+            if restarts["round"]:  # the server died during this round and was restarted
+                record["server_restarts"] = restarts["round"]
+                record["replayed_rounds"] = restarts["replayed"]
             if stats.eval:
                 last_eval = stats.eval
                 record["eval"] = stats.eval
@@ -316,7 +381,7 @@ def run(
                 on_round(record)
             every = config.run.checkpoint_every
             if last or (every and (round_index + 1) % every == 0):
-                outputs.save_checkpoint(backend.get_state())
+                outputs.save_checkpoint(with_server(backend.get_state, round_index + 1))
             if kill_after == round_index + 1:
                 os.kill(os.getpid(), signal.SIGKILL)  # test hook: a driver killed mid-run
             if bar is not None:
@@ -326,7 +391,7 @@ def run(
                     | {"train_loss": f"{train_loss:.4f}"}
                 )
         wall_s = time.perf_counter() - started
-        state = backend.get_state()
+        state = with_server(backend.get_state, rounds)
         summary = {
             "final": {**last_eval, "train_loss": train_loss},
             "resumed_from_round": first_round if restored is not None else None,
@@ -338,6 +403,10 @@ def run(
             "clients_done": totals["clients_done"],
             "clients_failed": totals["clients_failed"],
             "clients_rejected": totals["clients_rejected"],
+            "clients_dropped": totals["clients_dropped"],
+            "clients_late": totals["clients_late"],
+            "task_retries": totals["task_retries"],
+            "server_restarts": restarts["total"],
             "median_round_s": statistics.median(round_times) if round_times else None,
             "backend": backend.name,
             "dataset": dataset.name,

@@ -120,6 +120,7 @@ class Server:
         self._aggregate_s = 0.0
         self._folded = 0
         self._malicious_rejected = 0
+        self._pool_dropped = 0
         if self._update_spec is None:
             self._update_spec = update_spec(self.algorithm, self.state, self.ctx)
 
@@ -166,8 +167,33 @@ class Server:
             self._fold(vector, update.num_samples)
         self._aggregate_s += time.perf_counter() - started
 
+    def record_failure(self, client_id: int) -> None:
+        """One failed attempt at training `client_id` (any order; it is retried or dropped)."""
+        if int(client_id) not in self._pool:  # the attacker's pool is not a round's client
+            self._stats.clients_failed += 1
+
+    def drop(self, client_id: int, late: bool = False) -> None:
+        """`client_id` sends nothing this round (out of retries, or `late` for the round's
+        deadline). Called in client-id order among the `add`s, like an update."""
+        client_id = int(client_id)
+        if client_id in self._pool:
+            self._pool_dropped += 1
+            if self.attack is not None:
+                self._maybe_fold_crafted()
+            return
+        self._stats.clients_dropped += 1
+        self._stats.clients_late += int(late)
+        if self.attack is not None and client_id < self._info.malicious_below:
+            self._malicious_rejected += 1  # like a rejected one: its crafted copy is not sent
+            self._maybe_fold_crafted()
+
     def _add_reduced(self, update: ReducedUpdate) -> None:
         stats = self._stats
+        for client_id, problem in update.rejected:  # refused in the task, before reducing
+            stats.clients_rejected += 1
+            stats.rejected.append(describe_rejection(client_id, self._info.round_index, problem))
+        if update.message is None:  # every client of the task was refused
+            return
         stats.clients_done += update.num_clients
         stats.bytes_up += update.bytes_up
         for metrics, num_samples in zip(update.metrics, update.num_samples, strict=True):
@@ -192,7 +218,7 @@ class Server:
         info = self._info
         if (
             len(self._malicious) + self._malicious_rejected < info.num_malicious
-            or len(self._attacker_knowledge) < len(self._pool)
+            or len(self._attacker_knowledge) + self._pool_dropped < len(self._pool)
             or not self._malicious
         ):
             return
@@ -213,8 +239,12 @@ class Server:
     def finish_round(self, evaluate: bool) -> RoundStats:
         started = time.perf_counter()
         stats = self._stats
-        if not self.reduces_in_task and not self._folded and stats.clients_rejected:
-            # Every update of the round was rejected: the model stays, the round still ends.
+        nothing_arrived = (
+            self._reduced is None if self.reduces_in_task else not self._folded
+        ) and (stats.clients_rejected or stats.clients_dropped)
+        if nothing_arrived:
+            # Every update of the round was rejected or dropped: the model stays, the round
+            # still ends.
             self.state = ServerState(self.state.round + 1, dict(self.state.arrays))
             aggregate = None
         elif self.reduces_in_task:

@@ -56,6 +56,9 @@ class ReducedUpdate:
     message: Any
     metrics: list[dict[str, float]]
     bytes_up: int  # sum over the clients of their encoded update size
+    # Updates the task refused before reducing (NaN/Inf, wrong shapes): (client id, reason);
+    # those clients are in none of the lists above.
+    rejected: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def num_clients(self) -> int:
@@ -99,7 +102,13 @@ class RoundStats:
     """Server-side summary of one round, merged into the round's metrics.jsonl record."""
 
     clients_done: int = 0
+    # Failed attempts at training a sampled client (crashes, injected faults); each retried up
+    # to clients.max_retries times, then the client is dropped for the round (clients_dropped,
+    # which also counts clients cut off by run.round_deadline_s: clients_late).
     clients_failed: int = 0
+    clients_dropped: int = 0
+    clients_late: int = 0
+    task_retries: int = 0  # client tasks submitted again after a failure (depends on packing)
     # Updates the server refused before aggregation (raysim.core.validation): not folded in,
     # not counted in clients_done; `rejected` holds one log line per refusal (with client id).
     clients_rejected: int = 0

@@ -9,6 +9,7 @@ import time
 
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import single_class_of_clients, train_clients
+from raysim.core.faults import FaultPlan, InjectedClientFailure
 from raysim.core.server import Server, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
@@ -38,6 +39,9 @@ class LocalBackend:
         """One round, in-process (`next_info` is for backends that dispatch ahead)."""
         started = time.perf_counter()
         self.server.start_round(info)
+        faults = FaultPlan.from_config(self.ctx.config)
+        if faults is not None:
+            return self._run_round_with_faults(info, evaluate, started)
         updates = train_clients(
             self.ctx,
             self.algorithm,
@@ -55,6 +59,44 @@ class LocalBackend:
         stats = self.server.finish_round(evaluate)
         stats.clients_s = stats.client_compute_s = clients_s
         stats.tasks = 1
+        return stats
+
+    def _run_round_with_faults(self, info: RoundInfo, evaluate: bool, started: float) -> RoundStats:
+        """Clients one at a time, each retried after an injected failure (hard exits are
+        simulated as exceptions here) up to clients.max_retries times, then dropped: the same
+        attempts, updates and drops as on the Ray backend (raysim.core.faults). No deadline:
+        run.round_deadline_s needs the Ray backend, which can cancel a running client."""
+        retries = 0
+        for client_id in info.trained_ids:
+            ids = info.trained_ids[info.trained_ids == client_id]
+            for attempt in range(self.ctx.config.clients.max_retries + 1):
+                try:
+                    updates = train_clients(
+                        self.ctx,
+                        self.algorithm,
+                        self.server.payload(),
+                        self.dataset.train_x,
+                        self.dataset.train_y,
+                        self.split.indices,
+                        self.split.offsets,
+                        info.round_index,
+                        ids,
+                        self.server.personal_payloads(ids),
+                        attempts=[attempt],
+                    )
+                except InjectedClientFailure:
+                    self.server.record_failure(client_id)
+                    continue
+                self.server.add(updates)
+                break
+            else:
+                self.server.drop(client_id)
+            retries += attempt  # attempts after the first
+        clients_s = time.perf_counter() - started
+        stats = self.server.finish_round(evaluate)
+        stats.clients_s = stats.client_compute_s = clients_s
+        stats.tasks = len(info.trained_ids)
+        stats.task_retries = retries
         return stats
 
     def get_state(self) -> ServerState:

@@ -11,8 +11,10 @@ finishes before an earlier one so the reduction is always in client-id order.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
 import math
+import os
 import time
 from collections import Counter
 
@@ -22,6 +24,7 @@ import ray
 from raysim.config import RuntimeConfig
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import chunk_clients, single_class_of_clients, train_clients
+from raysim.core.faults import FaultPlan, InjectedClientFailure, ServerLost
 from raysim.core.server import Server, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
@@ -114,11 +117,13 @@ def load_dataset_in_cluster(config) -> tuple[Dataset, ray.ObjectRef]:
 
 @ray.remote
 def _client_task(
-    run_ref: list, payload, round_index: int, client_ids: np.ndarray, personal=None
+    run_ref: list, payload, round_index: int, client_ids: np.ndarray, personal=None, attempts=None
 ) -> list:
     # run_ref arrives wrapped in a list so Ray passes the reference and the worker can cache
     # the bundle; the payload (new every round) is resolved by Ray before the task starts.
     # `personal`: the clients' own payloads (FedAwS: their class rows), only theirs.
+    # `attempts`: each client's attempt (None: all 0); injected faults depend on it, and an
+    # injected hard exit really ends this worker (raysim.core.faults).
     started = time.perf_counter()
     ctx, algorithm, train_x, train_y, indices, offsets = _run_bundle(run_ref[0])
     updates = train_clients(
@@ -132,9 +137,19 @@ def _client_task(
         round_index,
         client_ids,
         personal,
+        attempts=attempts,
+        hard_exits=True,
     )
     # The node id shows where clients ran (summary.json's task_nodes; multi-node runs).
     return updates, time.perf_counter() - started, ray.get_runtime_context().get_node_id()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dropped:
+    """A client that sends nothing this round (out of retries, or `late` for the deadline)."""
+
+    client_id: int
+    late: bool = False
 
 
 @ray.remote(num_cpus=0)
@@ -158,9 +173,16 @@ class ServerActor:
         clients = ctx.config.clients
         cluster_gpus = ray.cluster_resources().get("GPU", 0.0)
         num_gpus = task_num_gpus(clients.num_gpus, cluster_gpus, notice=False)  # driver tells
-        self.task = _client_task.options(num_cpus=clients.num_cpus, num_gpus=num_gpus)
+        # Ray's own retries are off: a failed task comes back to run_round, which retries its
+        # clients with per-client attempts (raysim.core.faults) so results stay deterministic.
+        self.task = _client_task.options(
+            num_cpus=clients.num_cpus, num_gpus=num_gpus, max_retries=0, retry_exceptions=False
+        )
+        self.faults = FaultPlan.from_config(ctx.config)
+        self.max_retries = clients.max_retries
+        self.deadline_s = ctx.config.run.round_deadline_s
         self._publish_payload()
-        self._prefetched: tuple[int, float, list] | None = None
+        self._prefetched: tuple[int, float, list, list] | None = None
         self.metrics = RoundMetrics(ctx.config.run.name)  # Ray dashboard: rounds, updates, bytes
         self.nodes: Counter[str] = Counter()  # client tasks per node id
 
@@ -169,18 +191,19 @@ class ServerActor:
         small = self.server.payload_nbytes() <= INLINE_PAYLOAD_BYTES
         self.payload_arg = payload if small else ray.put(payload)
 
-    def _dispatch(self, info: RoundInfo, chunks: list[np.ndarray]) -> tuple[int, float, list]:
-        refs = [
-            self.task.remote(
-                self.run_ref,
-                self.payload_arg,
-                info.round_index,
-                chunk,
-                self.server.personal_payloads(chunk),
-            )
-            for chunk in chunks
-        ]
-        return info.round_index, time.perf_counter(), refs
+    def _submit(self, round_index: int, client_ids: np.ndarray, attempts=None):
+        return self.task.remote(
+            self.run_ref,
+            self.payload_arg,
+            round_index,
+            client_ids,
+            self.server.personal_payloads(client_ids),
+            attempts if attempts is not None and np.any(attempts) else None,
+        )
+
+    def _dispatch(self, info: RoundInfo, chunks: list[np.ndarray]) -> tuple:
+        refs = [self._submit(info.round_index, chunk) for chunk in chunks]
+        return info.round_index, time.perf_counter(), refs, chunks
 
     def run_round(
         self,
@@ -194,30 +217,111 @@ class ServerActor:
         of round t+1 depend only on the payload after round t, which is final here)."""
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and prefetched[0] == info.round_index:
-            _, started, task_refs = prefetched
+            _, started, task_refs, chunks = prefetched
         else:
-            _, started, task_refs = self._dispatch(info, chunks)
+            _, started, task_refs, chunks = self._dispatch(info, chunks)
         self.server.start_round(info)
-        position = {ref: index for index, ref in enumerate(task_refs)}
+        round_index = info.round_index
+        # A "slot" is a contiguous run of the round's clients (ascending ids) whose result is
+        # pending, keyed by its first client id. Results are folded in key order = client-id
+        # order; a failed task's slot is split into smaller slots that are resubmitted.
+        tasks = {
+            ref: (chunk, np.zeros(len(chunk), dtype=np.int64))
+            for ref, chunk in zip(task_refs, chunks, strict=True)
+        }
+        keys = [int(chunk[0]) for chunk in chunks]
+        heapq.heapify(keys)
+        live = set(keys)
         finished: dict[int, list] = {}
-        next_index = 0
         compute_s = 0.0
-        pending = task_refs
+        retries = 0
+        pending = list(task_refs)
+        deadline = None if self.deadline_s is None else started + self.deadline_s
+
+        def submit(client_ids: np.ndarray, attempts: np.ndarray) -> None:
+            nonlocal retries
+            ref = self._submit(round_index, client_ids, attempts)
+            tasks[ref] = (client_ids, attempts)
+            pending.append(ref)
+            retries += 1
+            key = int(client_ids[0])
+            if key not in live:
+                live.add(key)
+                heapq.heappush(keys, key)
+
+        def finish(key: int, entries: list) -> None:
+            if key not in live:
+                live.add(key)
+                heapq.heappush(keys, key)
+            finished[key] = entries
+
+        def failed(client_ids: np.ndarray, attempts: np.ndarray, culprit: int | None) -> None:
+            """The task of `client_ids` failed, caused by `culprit` (None: unknown)."""
+            if culprit is not None:
+                position = int(np.searchsorted(client_ids, culprit))
+                if position >= len(client_ids) or client_ids[position] != culprit:
+                    culprit = None  # not one of this task's clients: nobody to blame
+            if culprit is None and len(client_ids) > 1:
+                # Nobody to blame: each client alone again, at the same attempt; the one that
+                # fails again is then blamed (a task of one client is its own culprit).
+                for position in range(len(client_ids)):
+                    submit(client_ids[position : position + 1], attempts[position : position + 1])
+                return
+            if culprit is None:
+                position, culprit = 0, int(client_ids[0])
+            self.server.record_failure(culprit)
+            attempts = attempts.copy()
+            attempts[position] += 1
+            if position:  # the clients before it trained fine: again, at the same attempts
+                submit(client_ids[:position], attempts[:position])
+            rest, rest_attempts = client_ids[position:], attempts[position:]
+            if attempts[position] > self.max_retries:  # out of retries: dropped this round
+                finish(culprit, [_Dropped(culprit)])
+                rest, rest_attempts = rest[1:], rest_attempts[1:]
+            if len(rest):
+                submit(rest, rest_attempts)
+
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            updates, task_s, node_id = ray.get(done[0])
-            self.nodes[node_id] += 1
-            finished[position[done[0]]] = updates
-            compute_s += task_s
-            while next_index in finished:  # fold in task order = client-id order
-                self.server.add(finished.pop(next_index))
-                next_index += 1
+            timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not done:  # the round's deadline passed: cancel what runs, drop its clients
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                    client_ids, _ = tasks.pop(ref)
+                    finish(int(client_ids[0]), [_Dropped(int(c), late=True) for c in client_ids])
+                pending = []
+            else:
+                client_ids, attempts = tasks.pop(done[0])
+                try:
+                    updates, task_s, node_id = ray.get(done[0])
+                except ray.exceptions.RayTaskError as error:
+                    if not isinstance(error.cause, InjectedClientFailure):
+                        raise  # an error in the client code itself: a bug, not a fault
+                    failed(client_ids, attempts, error.cause.client_id)
+                except ray.exceptions.RayError:  # the worker died (or its node, or an object)
+                    culprit = None
+                    if self.faults is not None:
+                        culprit = self.faults.crash_culprit(round_index, client_ids, attempts)
+                    failed(client_ids, attempts, culprit)
+                else:
+                    self.nodes[node_id] += 1
+                    finished[int(client_ids[0])] = updates
+                    compute_s += task_s
+            while keys and keys[0] in finished:  # fold in client-id order
+                key = heapq.heappop(keys)
+                live.discard(key)
+                for entry in finished.pop(key):
+                    if isinstance(entry, _Dropped):
+                        self.server.drop(entry.client_id, late=entry.late)
+                    else:
+                        self.server.add([entry])
         # Wall time until the last update was folded in (folding overlaps with training).
         clients_s = time.perf_counter() - started
         stats = self.server.finish_round(evaluate)
         stats.clients_s = clients_s
         stats.client_compute_s = compute_s
         stats.tasks = len(task_refs)
+        stats.task_retries = retries
         self.metrics.record(stats)
         self._publish_payload()
         if next_round is not None:
@@ -259,13 +363,20 @@ class RayBackend:
                 split.offsets,
             )
         )
-        self.server = ServerActor.remote(
+        # Kept for restarting the server actor after it died (`restart`).
+        self._server_args = (
             ctx,
             [run_ref],
             ray.put(dataset.test_x),
             ray.put(dataset.test_y),
             single_class_of_clients(dataset.train_y, split.indices, split.offsets),
         )
+        self.server = ServerActor.remote(*self._server_args)
+        self.restarts = 0
+        # Test hook: RAYSIM_TEST_KILL_SERVER_AT_ROUND=r kills the server actor once, while it
+        # runs round r (1-based), as a crashed server would die.
+        kill_at = os.environ.get("RAYSIM_TEST_KILL_SERVER_AT_ROUND")
+        self._kill_server_at = int(kill_at) if kill_at else None
         cpus = ray.cluster_resources().get("CPU", 1.0)
         group = ray.util.get_current_placement_group()
         if group is not None:  # e.g. a Tune trial: only its own placement group's CPUs
@@ -303,7 +414,11 @@ class RayBackend:
         if next_info is not None:
             ids = next_info.trained_ids
             next_round = (next_info, chunk_clients(ids, self.tasks_for(len(ids))))
-        stats = ray.get(self.server.run_round.remote(info, chunks, evaluate, next_round))
+        call = self.server.run_round.remote(info, chunks, evaluate, next_round)
+        if self._kill_server_at == info.round_index + 1:
+            self._kill_server_at = None
+            ray.kill(self.server)
+        stats = self._get(call)
         self.rounds_run += 1
         if stats.clients_done and self.rounds_run > 1:  # round 1 includes worker start-up
             measured = stats.client_compute_s / stats.clients_done
@@ -313,19 +428,49 @@ class RayBackend:
             )
         return stats
 
+    def _get(self, call: ray.ObjectRef):
+        """The result of a server actor call; ServerLost if the actor (or an index shard
+        actor it calls) died. The round loop then calls `restart` and replays rounds."""
+        try:
+            return ray.get(call)
+        except ray.exceptions.RayActorError as error:
+            raise ServerLost(f"the server actor died: {error}") from error
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, ray.exceptions.RayActorError):
+                raise ServerLost(f"an actor of the server died: {error.cause}") from error
+            raise
+
+    def restart(self, state: ServerState | None) -> None:
+        """Replace a lost server actor by a new one holding `state` (a checkpointed state,
+        client state store included), or, with None, the run's initial state: a new actor
+        starts there (init_server is deterministic given the run seed), and the store empty.
+        Actors the old server created (FedAwS's index shards) died with it; the algorithm
+        rebuilds them from the restored state."""
+        try:
+            ray.kill(self.server)
+        except Exception:  # noqa: BLE001 - it is already gone
+            pass
+        self.restarts += 1
+        self.server = ServerActor.remote(*self._server_args)
+        if state is not None:
+            self.set_state(state)
+        elif self.ctx.client_state is not None:
+            self.ctx.client_state.restore({})
+
     def get_state(self) -> ServerState:
-        return client_state.with_store(ray.get(self.server.get_state.remote()), self.ctx)
+        return client_state.with_store(self._get(self.server.get_state.remote()), self.ctx)
 
     def set_state(self, state: ServerState) -> None:
         state = client_state.without_store(state, self.ctx)
-        ray.get(self.server.set_state.remote(state))
+        self._get(self.server.set_state.remote(state))
 
     def server_peak_rss_bytes(self) -> int:
-        return ray.get(self.server.peak_rss_bytes.remote())
+        return self._get(self.server.peak_rss_bytes.remote())
 
     def task_nodes(self) -> dict[str, int]:
-        """How many client tasks ran on each node (by Ray node id) so far."""
-        return ray.get(self.server.task_nodes.remote())
+        """How many client tasks ran on each node (by Ray node id) so far (since the server
+        actor's last restart)."""
+        return self._get(self.server.task_nodes.remote())
 
     def describe(self) -> str:
         resources = ray.cluster_resources()
