@@ -306,24 +306,29 @@ def _trial(params: dict, *, base: Config, metric: str, out_root: str, cwd: str) 
         os.chdir(cwd)
     config = apply_params(base, params)
     trial_id = tune.get_context().get_trial_id()
+    out = Path(out_root) / "trials" / trial_id
+    last: list[dict[str, Any]] = []
 
     def on_round(record: dict[str, Any]) -> None:
         flat = flatten_record(record)
-        if metric in flat:
-            tune.report({**flat, "trial_out": str(Path(out_root) / "trials" / trial_id)})
-        elif "eval" in record:
-            raise ConfigError(
-                f"tune.metric '{metric}' is not in the round record; "
-                f"available: {', '.join(sorted(flat))}"
-            )
+        if metric not in flat:
+            if "eval" in record:
+                raise ConfigError(
+                    f"tune.metric '{metric}' is not in the round record; "
+                    f"available: {', '.join(sorted(flat))}"
+                )
+            return
+        report = {**flat, "trial_out": str(out)}
+        if record["round"] == config.run.rounds:
+            last.append(report)  # reported once the run has written its summary
+        else:
+            tune.report(report)
 
-    run(
-        config,
-        Path(out_root) / "trials" / trial_id,
-        progress=False,
-        tensorboard=True,
-        on_round=on_round,
-    )
+    run(config, out, progress=False, tensorboard=True, on_round=on_round)
+    # Tune may stop the trial as soon as it sees the last round (ASHA does at max_t), so the
+    # last report waits until the final checkpoint and summary.json are on disk.
+    for report in last:
+        tune.report(report)
 
 
 # --- the sweep -------------------------------------------------------------------------------

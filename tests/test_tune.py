@@ -119,6 +119,10 @@ def test_asha_sweep_and_best_config_reproduces_the_best_trial(ray_session, tmp_p
     for row in completed:
         records = [json.loads(line) for line in open(f"{row['out']}/metrics.jsonl")]
         assert [r["tasks"] for r in records] == [1, 1, 1]
+        # the whole run's outputs exist: Tune stops a trial only after its last report
+        summary = json.loads(open(f"{row['out']}/summary.json").read())
+        assert summary["final"]["accuracy"] == float(row["eval/accuracy"])
+        assert sum(summary["task_nodes"].values()) == 3
 
     best_config = out / "best_config.yaml"
     assert "tune" not in yaml.safe_load(best_config.read_text())
