@@ -56,6 +56,7 @@ class LocalCluster:
     address: str = ""  # head's GCS address host:port
     processes: list[subprocess.Popen] = field(default_factory=list)
     metrics_ports: list[int] = field(default_factory=list)
+    client_port: int = 0  # the head's Ray Client server: ray://127.0.0.1:client_port
 
     def env(self) -> dict[str, str]:
         """Environment of a driver that must join this cluster with `--address auto`."""
@@ -74,7 +75,7 @@ def auth_mode() -> str:
 
 def _node_command(
     head: bool, temp_dir: Path, address: str, gcs_port: int, num_cpus: int
-) -> tuple[list[str], int]:
+) -> tuple[list[str], int, int]:
     node_manager, object_manager, agent_listen, agent_grpc, metrics, runtime_env, client = (
         free_ports(7)
     )
@@ -111,13 +112,15 @@ def _node_command(
         ]
     else:
         command += [f"--address={address}"]
-    return command, metrics
+    return command, metrics, client
 
 
 def _start_node(cluster: LocalCluster, name: str, head: bool, gcs_port: int) -> None:
     temp_dir = cluster.root / name
     temp_dir.mkdir(parents=True)
-    command, metrics = _node_command(head, temp_dir, cluster.address, gcs_port, num_cpus=1)
+    command, metrics, client = _node_command(head, temp_dir, cluster.address, gcs_port, num_cpus=1)
+    if head:
+        cluster.client_port = client
     log = open(cluster.root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
     env = dict(os.environ, RAY_ADDRESS="", RAY_AUTH_MODE=auth_mode())
     # Own session: the node's processes form one process group that teardown can signal.
@@ -241,9 +244,15 @@ def scrape_metrics(port: int) -> str:
 
 
 def run_on_cluster(
-    cluster: LocalCluster, config: str, out: Path, rounds: int, extra: list[str] = ()
+    cluster: LocalCluster,
+    config: str,
+    out: Path,
+    rounds: int,
+    extra: list[str] = (),
+    address: str = "auto",
 ) -> dict:
-    """`raysim run CONFIG --address auto` on the cluster; returns summary.json."""
+    """`raysim run CONFIG --address auto` (or another address) on the cluster; returns
+    summary.json."""
     command = [
         sys.executable,
         "-m",
@@ -253,7 +262,7 @@ def run_on_cluster(
         "--out",
         str(out),
         "--address",
-        "auto",
+        address,
         "--no-progress",
         "--set",
         f"run.rounds={rounds}",
@@ -274,12 +283,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "fedavg_digits.yaml"))
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--ray-client", action="store_true", help="join with ray://HEAD:PORT instead of auto"
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     with two_node_cluster() as cluster:
         nodes = alive_nodes(cluster.address)
         print(f"cluster at {cluster.address}: {len(nodes)} nodes, files in {cluster.root}")
-        summary = run_on_cluster(cluster, args.config, cluster.root / "run", args.rounds)
+        address = f"ray://127.0.0.1:{cluster.client_port}" if args.ray_client else "auto"
+        print(f"raysim run --address {address}")
+        summary = run_on_cluster(
+            cluster, args.config, cluster.root / "run", args.rounds, address=address
+        )
         roles = {node["id"]: f"node manager port {node['port']}" for node in nodes}
         tasks = summary["task_nodes"] or {}
         for node_id, count in sorted(tasks.items()):
