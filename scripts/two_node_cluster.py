@@ -250,9 +250,9 @@ def run_on_cluster(
     rounds: int,
     extra: list[str] = (),
     address: str = "auto",
-) -> dict:
+) -> tuple[dict, str]:
     """`raysim run CONFIG --address auto` (or another address) on the cluster; returns
-    summary.json."""
+    summary.json and the run's output (stdout + stderr)."""
     command = [
         sys.executable,
         "-m",
@@ -276,7 +276,7 @@ def run_on_cluster(
     if result.returncode != 0:
         raise RuntimeError(f"raysim run failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     print(result.stdout.strip())
-    return json.loads((out / "summary.json").read_text())
+    return json.loads((out / "summary.json").read_text()), result.stdout + result.stderr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster at {cluster.address}: {len(nodes)} nodes, files in {cluster.root}")
         address = f"ray://127.0.0.1:{cluster.client_port}" if args.ray_client else "auto"
         print(f"raysim run --address {address}")
-        summary = run_on_cluster(
+        summary, _ = run_on_cluster(
             cluster, args.config, cluster.root / "run", args.rounds, address=address
         )
         roles = {node["id"]: f"node manager port {node['port']}" for node in nodes}

@@ -1,7 +1,8 @@
 """A two-node Ray cluster on this machine (`ray start --head`, then a second `ray start
 --address`, 1 CPU each, own temp dirs and ports): `raysim run --address auto` places client
-tasks on both nodes, gives exactly the local backend's result, exports the Ray custom metrics,
-and the teardown leaves no process of either node behind (and touches no other Ray)."""
+tasks on both nodes, falls back to the CPU when clients ask for GPUs the cluster lacks, gives
+exactly the local backend's result, exports the Ray custom metrics, and the teardown leaves no
+process of either node behind (and touches no other Ray)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,14 @@ def test_two_node_cluster_runs_clients_on_both_nodes(digits_config, digits_confi
     cluster_script = _cluster_script()
     with cluster_script.two_node_cluster() as cluster:
         root = cluster.root
-        summary = cluster_script.run_on_cluster(
-            cluster, str(digits_config_path), root / "run", ROUNDS
+        # clients ask for a quarter GPU each: with no GPU in the cluster they must fall back
+        # to the CPU (with a notice) instead of waiting forever for one
+        summary, output = cluster_script.run_on_cluster(
+            cluster,
+            str(digits_config_path),
+            root / "run",
+            ROUNDS,
+            extra=["--set", "clients.num_gpus=0.25"],
         )
         metrics = _wait_for_metrics(cluster_script, cluster.metrics_ports)
         assert cluster_script.leftover_processes(str(root))  # sanity: the marker finds them
@@ -46,12 +53,14 @@ def test_two_node_cluster_runs_clients_on_both_nodes(digits_config, digits_confi
     assert cluster_script.leftover_processes(str(root)) == []
     assert not root.exists()
 
+    assert "2 node(s)" in output
+    assert "clients.num_gpus=0.25 but the Ray cluster has no GPUs" in output
     tasks = summary["task_nodes"]
     assert len(tasks) == 2, tasks  # two distinct node ids: one raylet each
     assert all(count >= 1 for count in tasks.values())
     assert sum(tasks.values()) == 2 * ROUNDS  # clients.per_task=5: 2 tasks a round
 
-    # the same config on the local backend: the same model, so the same accuracy exactly
+    # the same config on the local backend, on the CPU: the same model, so the same accuracy
     local = run(
         digits_config(f"run.rounds={ROUNDS}", "clients.per_task=5"),
         tmp_path / "local",

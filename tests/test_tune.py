@@ -81,7 +81,7 @@ def test_a_config_without_tune_section_is_refused(digits_config_path):
 
 @pytest.mark.ray
 def test_asha_sweep_and_best_config_reproduces_the_best_trial(ray_session, tmp_path, capsys):
-    """`raysim tune`: 3 trials (2 at a time on the session's 2 CPUs) of a 3-round digits run
+    """`raysim tune`: 2 trials (at once on the session's 2 CPUs) of a 3-round digits run
     with ASHA; `raysim run` on best_config.yaml ends with exactly the best trial's accuracy."""
     sweep = _write_sweep(
         tmp_path,
@@ -92,7 +92,7 @@ def test_asha_sweep_and_best_config_reproduces_the_best_trial(ray_session, tmp_p
             "grace_period": 1,
             "reduction_factor": 2,
             "max_concurrent_trials": 2,
-            "space": {"clients.lr": {"grid": [0.003, 0.03, 0.1]}},
+            "space": {"clients.lr": {"grid": [0.003, 0.1]}},
         },
         run={"rounds": 3, "checkpoint_every": 0},
         partition={"num_clients": 20},
@@ -105,7 +105,7 @@ def test_asha_sweep_and_best_config_reproduces_the_best_trial(ray_session, tmp_p
 
     with open(out / "tune_results.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert sorted(float(r["clients.lr"]) for r in rows) == [0.003, 0.03, 0.1]
+    assert sorted(float(r["clients.lr"]) for r in rows) == [0.003, 0.1]
     completed = [r for r in rows if r["status"] == "completed"]
     assert completed and all(r["rounds"] == "3" for r in completed)
     assert all(r["status"] == "completed" or r["status"].startswith("stopped@") for r in rows)
