@@ -361,7 +361,8 @@ def run_sweep(
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     # Trials work in the driver's folder (relative paths mean the same as in `raysim run`).
-    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    previous_chdir = os.environ.get("RAY_CHDIR_TO_TRIAL_DIR")
+    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"  # Tune passes it on to the trials
     started_ray = ray_backend.connect(config.runtime, address)
     try:
         bundles = trial_bundles(config, spec)
@@ -406,6 +407,10 @@ def run_sweep(
         grid = tuner.fit()
         rows = _rows(grid, spec, config.run.rounds)
     finally:
+        if previous_chdir is None:
+            os.environ.pop("RAY_CHDIR_TO_TRIAL_DIR", None)
+        else:
+            os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = previous_chdir
         if started_ray:
             ray_backend.disconnect()
     if rows and all(row["status"] == "ERROR" for row in rows):

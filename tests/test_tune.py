@@ -79,6 +79,33 @@ def test_a_config_without_tune_section_is_refused(digits_config_path):
         load_sweep(digits_config_path)
 
 
+def test_best_trial_is_the_best_that_ran_every_round_and_the_table_lists_errors():
+    from raysim.tune import _best, _sort_key, format_table
+
+    _, spec = load_sweep(SWEEP_CONFIG)
+
+    def row(trial, status, accuracy, error=""):
+        params = {"clients.lr": 0.1, "clients.momentum": 0.9}
+        return {"trial": trial, "status": status, "rounds": 30, "params": params,
+                "eval/accuracy": accuracy, "error": error, "out": ""}  # fmt: skip
+
+    rows = [
+        row("a", "completed", 0.90),
+        row("b", "stopped@10", 0.95),  # higher, but after 10 rounds only
+        row("c", "completed", 0.93),
+        row("d", "ERROR", None, error="ValueError: boom"),
+        row("e", "completed", float("nan")),
+    ]
+    rows.sort(key=lambda r: _sort_key(r, spec))
+    assert [r["trial"] for r in rows] == ["b", "c", "a", "d", "e"]
+    assert _best(rows, spec)["trial"] == "c"
+    table = format_table(rows, spec)
+    assert table.splitlines()[0].split() == [
+        "trial", "status", "rounds", "clients.lr", "clients.momentum", "eval/accuracy"
+    ]  # fmt: skip
+    assert "d: ValueError: boom" in table
+
+
 @pytest.mark.ray
 def test_asha_sweep_and_best_config_reproduces_the_best_trial(ray_session, tmp_path, capsys):
     """`raysim tune`: 2 trials (at once on the session's 2 CPUs) of a 3-round digits run
