@@ -270,14 +270,21 @@ def _python_value(value: Any) -> Any:
 
 
 def trial_bundles(config: Config, spec: SweepSpec) -> list[dict[str, float]]:
-    """A trial's placement group: head (driver + server actor), then one bundle per slot."""
+    """A trial's placement group: head (driver, server actor and any index shard actors), then
+    one bundle per client slot."""
     clients = config.clients
     slot = {"CPU": clients.num_cpus}
     if clients.num_gpus:
         slot["GPU"] = clients.num_gpus
     if config.runtime.backend == "local":  # clients run inside the trial's own process
         return [{"CPU": max(spec.server_cpus, clients.num_cpus), **_gpu(slot)}]
-    return [{"CPU": spec.server_cpus}] + [dict(slot) for _ in range(spec.client_slots)]
+    head = {"CPU": spec.server_cpus}
+    index = getattr(config, "index", None)
+    if index is not None and index.shards > 1:  # FedAwS's index shard actors (one per shard)
+        head["CPU"] += index.num_cpus * index.shards
+        if index.num_gpus:
+            head["GPU"] = index.num_gpus * index.shards
+    return [head] + [dict(slot) for _ in range(spec.client_slots)]
 
 
 def _gpu(slot: dict[str, float]) -> dict[str, float]:
