@@ -374,6 +374,12 @@ def run_sweep(
     try:
         bundles = trial_bundles(config, spec)
         _check_fits(bundles, ray.cluster_resources())
+        print(
+            f"raysim tune: {config.run.name}, {spec.metric} ({spec.mode}), scheduler "
+            f"{spec.scheduler}; each trial reserves {bundles}\n"
+            f"TensorBoard (every trial): tensorboard --logdir {out_dir / 'trials'}",
+            flush=True,
+        )
         trainable = tune.with_resources(
             tune.with_parameters(
                 _trial, base=config, metric=spec.metric, out_root=str(out_dir), cwd=os.getcwd()
