@@ -82,12 +82,12 @@ def spreadout_topk(
     classes (never the class itself), neighbor_nu (q,) the margins nu_c (constants). The
     gradient reaches both w_c and every w_y; it is returned sparse: `grad_row_ids` are the
     distinct rows with a non-zero gradient in increasing order, `grad_rows[i]` the gradient of
-    row grad_row_ids[i]. A row's contributions are summed in a fixed order (by pair, then
-    c-side before y-side), so the result is deterministic. Apply it as
-    W[grad_row_ids] -= lambda * eta * grad_rows.
-    """
-    import scipy.sparse
+    row grad_row_ids[i]. Apply it as W[grad_row_ids] -= lambda * eta * grad_rows.
 
+    Summation order is fixed, so the result is deterministic: a row's gradient is its c-side
+    part (one batched product over its k neighbours) plus its y-side contributions added one by
+    one in pair order (class order, then neighbour rank; torch's CPU index_add_ is sequential).
+    """
     _check_distance(distance)
     weights = torch.as_tensor(W)
     classes = np.array(class_ids, dtype=np.int64)  # copies: inputs may be read-only views
@@ -104,9 +104,9 @@ def spreadout_topk(
     if (neighbors == classes[:, None]).any():
         raise ValueError("neighbor_ids must not contain the class itself")
 
-    # Per pair (c, y): the coefficient of the sparse matrix A with grad = A @ W.
-    hinge_parts, coef_parts = [], []
-    step = max(1, _PAIR_CHUNK_ELEMENTS // max(1, k * weights.shape[1]))
+    dim = weights.shape[1]
+    step = max(1, _PAIR_CHUNK_ELEMENTS // max(1, k * dim))
+    chunks = []  # per chunk of classes: (hinge, coef, c-side gradient, class rows)
     for start in range(0, count, step):
         stop = min(count, start + step)
         own = weights[torch.from_numpy(classes[start:stop])]  # (b, dim)
@@ -117,41 +117,45 @@ def spreadout_topk(
             dist = torch.linalg.vector_norm(own[:, None, :] - other, dim=2)
         hinge = torch.clamp(nu[start:stop, None] - dist, min=0)
         if distance == "cosine":
-            coef = 2.0 * hinge  # d h^2 / d w_c = 2 h w_y, and symmetrically for w_y
+            # d h^2 / d w_c = 2 h w_y  and  d h^2 / d w_y = 2 h w_c
+            coef = 2.0 * hinge
+            own_grad = torch.einsum("bk,bkd->bd", coef, other)
         else:
+            # d h^2 / d w_c = -2 h (w_c - w_y) / d  and  d h^2 / d w_y = +2 h (w_c - w_y) / d
             coef = torch.where(dist > 0, 2.0 * hinge / torch.where(dist > 0, dist, 1.0), 0.0)
-        hinge_parts.append(hinge)
-        coef_parts.append(coef)
-    hinge = torch.cat(hinge_parts) if hinge_parts else torch.zeros((0, k), dtype=weights.dtype)
-    coef = torch.cat(coef_parts) if coef_parts else hinge
+            own_grad = torch.einsum("bk,bkd->bd", coef, other) - coef.sum(1, keepdim=True) * own
+        chunks.append((hinge, coef, own_grad, own))
+    empty = torch.zeros((0, k), dtype=weights.dtype)
+    hinge = torch.cat([c[0] for c in chunks]) if chunks else empty
+    coef = torch.cat([c[1] for c in chunks]) if chunks else empty
     value = float((hinge * hinge).sum())
 
-    active = (hinge > 0).numpy() & (coef != 0).numpy()
-    pair_class = np.broadcast_to(classes[:, None], neighbors.shape)[active]
-    pair_other = neighbors[active]
-    pair_coef = coef.numpy()[active]
-    dtype = weights.numpy().dtype
-    if pair_coef.size == 0:
-        empty = torch.zeros((0, weights.shape[1]), dtype=weights.dtype)
-        return value, _like(empty, W), np.zeros(0, dtype=np.int64)
-    if distance == "cosine":
-        # grad_c += a w_y ; grad_y += a w_c
-        rows = np.concatenate([pair_class, pair_other])
-        cols = np.concatenate([pair_other, pair_class])
-        data = np.concatenate([pair_coef, pair_coef])
-    else:
-        # grad_c += -r (w_c - w_y) ; grad_y += r (w_c - w_y)
-        rows = np.concatenate([pair_class, pair_class, pair_other, pair_other])
-        cols = np.concatenate([pair_class, pair_other, pair_class, pair_other])
-        data = np.concatenate([-pair_coef, pair_coef, pair_coef, -pair_coef])
-    grad_ids, compact = np.unique(rows, return_inverse=True)
-    order = np.argsort(compact, kind="stable")  # fixed summation order within each row
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(compact, minlength=grad_ids.size))])
-    matrix = scipy.sparse.csr_matrix(
-        (data[order].astype(dtype), cols[order], indptr), shape=(grad_ids.size, weights.shape[0])
-    )
-    grad_rows = np.asarray(matrix @ np.ascontiguousarray(weights.numpy()), dtype=dtype)
-    return value, _like(torch.from_numpy(grad_rows), W), grad_ids
+    active = ((hinge > 0) & (coef != 0)).numpy()
+    has_active = active.any(axis=1)
+    grad_ids = np.unique(np.concatenate([classes[has_active], neighbors[active]]))
+    grad = torch.zeros((grad_ids.size, dim), dtype=weights.dtype)
+    if grad_ids.size == 0:
+        return value, _like(grad, W), grad_ids
+    # c-side: each updated class is one distinct row
+    own_rows = torch.from_numpy(np.searchsorted(grad_ids, classes[has_active]))
+    grad[own_rows] = torch.cat([c[2] for c in chunks])[torch.from_numpy(has_active)]
+    # y-side: neighbour contributions, pair by pair, in chunks
+    for chunk_index, start in enumerate(range(0, count, step)):
+        stop = min(count, start + step)
+        block_active = torch.from_numpy(active[start:stop])
+        if not bool(block_active.any()):
+            continue
+        pair_class, pair_rank = torch.nonzero(block_active, as_tuple=True)
+        pair_other = torch.from_numpy(neighbors[start:stop])[pair_class, pair_rank]
+        pair_coef = chunks[chunk_index][1][pair_class, pair_rank][:, None]
+        own = chunks[chunk_index][3][pair_class]
+        if distance == "cosine":
+            contribution = pair_coef * own
+        else:
+            contribution = pair_coef * (own - weights[pair_other])
+        target = torch.from_numpy(np.searchsorted(grad_ids, pair_other.numpy()))
+        grad.index_add_(0, target, contribution)
+    return value, _like(grad, W), grad_ids
 
 
 def mine_negatives(

@@ -87,6 +87,11 @@ def exact_dot(
     return torch.from_numpy(out) if on_cpu else out
 
 
+def _norms(rows: np.ndarray) -> np.ndarray:
+    """Row norms in float64 without a float64 copy of the rows."""
+    return np.sqrt(np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
+
+
 def _faiss():
     import faiss
 
@@ -173,7 +178,7 @@ class ExactIndex:
             raise ValueError(f"reset expects {self.num_rows} rows, got {rows.shape[0]}")
         # A copy the index owns (rows may be a read-only view, e.g. from Ray's object store).
         self.rows = torch.tensor(rows, device=_resolve_device(self.device_option))
-        self.norms = np.linalg.norm(rows.astype(np.float64), axis=1)
+        self.norms = _norms(rows)
 
     def update(self, row_ids: np.ndarray, rows: np.ndarray) -> None:
         rows = as_rows(rows, self.dim)
@@ -182,14 +187,16 @@ class ExactIndex:
             raise ValueError("row_ids outside this index's rows")
         device = self.device
         index = torch.from_numpy(local).to(device)
-        self.rows[index] = torch.from_numpy(rows).to(device)
-        self.norms[local] = np.linalg.norm(rows.astype(np.float64), axis=1)
+        self.rows[index] = torch.tensor(rows, device=device)  # rows may be read-only
+        self.norms[local] = _norms(rows)
 
     # --- search -------------------------------------------------------------------------------
     def search(
         self, query_ids: np.ndarray, queries: np.ndarray, k: int
     ) -> tuple[np.ndarray, np.ndarray]:
         query_ids, queries = check_search_args(query_ids, queries, k, None, self.dim)
+        if not queries.flags.writeable:  # e.g. from Ray's object store; torch wants writable
+            queries = queries.copy()
         count = queries.shape[0]
         out_ids = np.full((count, k), MISSING_ID, dtype=np.int64)
         out_sims = np.full((count, k), -np.inf, dtype=np.float32)

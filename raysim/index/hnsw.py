@@ -120,7 +120,7 @@ class HNSWIndex:
         self.rows[local] = rows
         if self.relink_distance > 0:
             linked = self.index.get_items(local, return_type="numpy")
-            moved = 1.0 - np.einsum("ij,ij->i", linked, rows, dtype=np.float64)
+            moved = 1.0 - np.einsum("ij,ij->i", linked, rows)  # float32 suffices for a threshold
             far = moved > self.relink_distance
             self.skipped_rows += int((~far).sum())
             local, rows = local[far], rows[far]
@@ -133,6 +133,8 @@ class HNSWIndex:
     ) -> tuple[np.ndarray, np.ndarray]:
         self._require()
         query_ids, queries = check_search_args(query_ids, queries, k, None, self.dim)
+        if not queries.flags.writeable:  # e.g. from Ray's object store; torch wants writable
+            queries = queries.copy()
         wanted = min(k, self.num_rows - 1) if self.num_rows else 0  # a shard may hold < k rows
         local_self = query_ids - self.row_offset
         fetch = k + 1 + (self.extra if self.extra is not None else max(8, k // 4))
