@@ -320,8 +320,13 @@ class _ClassEmbeddingMethod:
     def finish_reduced(self, accumulated: dict, ctx: RunContext) -> dict:
         return accumulated
 
-    def _theta_step(self, state: ServerState, aggregate: dict, ctx: RunContext):
-        """theta + server optimizer(weighted mean delta); returns (params, optimizer slots)."""
+    def _theta_step(
+        self, state: ServerState, aggregate: dict, ctx: RunContext, extra=None
+    ) -> tuple[np.ndarray, dict]:
+        """theta + server optimizer(weighted mean delta); returns (params, optimizer slots).
+
+        `extra` = (values, mean delta): more parameters (the oracle's W) stepped by the same
+        server optimizer, appended after theta; then params holds both."""
         theta = state.arrays["params"]
         total = float(aggregate["weight"]) * _FIXED_SCALE
         layout = _ModelLayout(cached_model(ctx))
@@ -343,6 +348,9 @@ class _ClassEmbeddingMethod:
             for k, v in state.arrays.items()
             if k.startswith("optimizer.")
         }
+        if extra is not None:
+            theta = np.concatenate([theta, extra[0].ravel()])
+            delta = np.concatenate([delta, extra[1].ravel()])
         return self._server_optimizer(ctx).step(theta, delta, slots)
 
     # --- evaluation -------------------------------------------------------------------------------
@@ -360,7 +368,7 @@ class _ClassEmbeddingMethod:
         model.eval()
         with torch.no_grad():
             for start in range(0, count, 512):
-                embedding = model(torch.from_numpy(np.asarray(x[start : min(count, start + 512)])))
+                embedding = model(torch.from_numpy(np.array(x[start : min(count, start + 512)])))
                 scores = embedding @ classes.T
                 tops.append(torch.topk(scores, min(5, scores.shape[1]), dim=1).indices.numpy())
         model.train()
@@ -630,14 +638,18 @@ class FedAwS(_ClassEmbeddingMethod):
         return classes
 
     def _synced_index(self, classes, updated, round_index: int, ctx: RunContext):
-        """The nearest-class index, holding exactly `classes` (rebuilt when stale)."""
+        """The nearest-class index, holding exactly `classes` (rebuilt when new or stale).
+
+        Trained indexes retrain themselves (faiss IVF: every `index.retrain_every` updates)."""
         settings = ctx.config.index
-        retrain = round_index % settings.retrain_every == 0
         if self._index is None:
             import ray
 
             from raysim.index import build_index
 
+            options = dict(settings.options)
+            if settings.backend == "faiss_ivf":
+                options.setdefault("retrain_every", settings.retrain_every)
             # One shard lives inside the server; several are Ray actors (on the Ray backend).
             self._index = build_index(
                 settings.backend,
@@ -649,11 +661,10 @@ class FedAwS(_ClassEmbeddingMethod):
                 and ctx.config.runtime.backend == "ray",
                 num_cpus=settings.num_cpus,
                 num_gpus=settings.num_gpus,
-                **dict(settings.options),
+                **options,
             )
-            retrain = True
-        if retrain or self._index_round != round_index:
-            self._index.reset(classes)  # also retrains trained indexes (IVF)
+        if self._index_round != round_index:  # new, or the state was restored
+            self._index.reset(classes)
         else:
             self._index.update(updated, classes[updated])
         self._index_round = round_index + 1
@@ -685,12 +696,14 @@ class FedAwSSoftmax(_ClassEmbeddingMethod):
         model = build_model(ctx)
         dim = self._check_model(ctx, model)
         params = get_vector(model)
-        slots = self._server_optimizer(ctx).init(params)
+        classes = self._init_classes(ctx, dim)
+        # One server optimizer over theta and W (its slots cover both, theta first).
+        slots = self._server_optimizer(ctx).init(np.concatenate([params, classes.ravel()]))
         return ServerState(
             0,
             {
                 "params": params,
-                "class_embeddings": self._init_classes(ctx, dim),
+                "class_embeddings": classes,
                 **{f"optimizer.{k}": v for k, v in slots.items()},
             },
         )
@@ -746,11 +759,12 @@ class FedAwSSoftmax(_ClassEmbeddingMethod):
         )
 
     def server_update(self, state: ServerState, aggregate: dict, ctx: RunContext) -> ServerState:
-        params, slots = self._theta_step(state, aggregate, ctx)
+        classes = state.arrays["class_embeddings"]
         total = float(aggregate["weight"]) * _FIXED_SCALE
-        classes = state.arrays["class_embeddings"] + (aggregate["classes_dense"] / total).astype(
-            np.float32
-        )
+        mean_delta = (aggregate["classes_dense"] / total).astype(np.float32)
+        both, slots = self._theta_step(state, aggregate, ctx, extra=(classes, mean_delta))
+        params = both[: len(state.arrays["params"])]
+        classes = both[len(params) :].reshape(classes.shape)
         return ServerState(
             state.round + 1,
             {
