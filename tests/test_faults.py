@@ -19,15 +19,16 @@ from raysim.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3
-# faults.seed 2 at rate 0.1 with 2 retries: in round 1 client 69 fails three times (an
-# exception, then two hard exits) and is dropped, client 39 fails once in round 2 (exception)
-# and client 41 once in round 3 (hard exit); see test_the_fault_plan_of_the_test_runs.
+# faults.seed 2 at rate 0.1 with 1 retry: in round 1 client 69 fails twice (an exception, then
+# a hard exit) and is dropped, client 39 fails once in round 2 (exception) and client 41 once in
+# round 3 (hard exit); see test_the_fault_plan_of_the_test_runs.
 FAULTS = (
     f"run.rounds={ROUNDS}",
+    "clients.local_epochs=2",
     "faults.client_failure_rate=0.1",
     "faults.hard_exit_fraction=0.5",
     "faults.seed=2",
-    "clients.max_retries=2",
+    "clients.max_retries=1",
 )
 
 
@@ -72,10 +73,11 @@ def _expected_faults(plan: FaultPlan, rounds: int, max_retries: int, per_round: 
 
 def test_the_fault_plan_of_the_test_runs():
     plan = FaultPlan.from_config(_digits(*FAULTS))
-    expected = _expected_faults(plan, ROUNDS, max_retries=2)
-    assert [(f, d) for f, d, _ in expected] == [(3, 1), (1, 0), (1, 0)]
+    expected = _expected_faults(plan, ROUNDS, max_retries=1)
+    assert [(f, d) for f, d, _ in expected] == [(2, 1), (1, 0), (1, 0)]
+    assert expected[0][2] == [(69, 0, EXCEPTION), (69, 1, EXIT)]
     kinds = [kind for _, _, events in expected for _, _, kind in events]
-    assert kinds.count(EXIT) == 3 and kinds.count(EXCEPTION) == 2  # mixed
+    assert kinds.count(EXIT) == 2 and kinds.count(EXCEPTION) == 2  # mixed
     assert FaultPlan.from_config(_digits()) is None  # no faults configured: no plan
 
 
@@ -126,8 +128,8 @@ def test_local_run_under_faults_counts_failures_and_is_deterministic(local_fault
     records = _records(local_faulty.out_dir)
     assert [r["round"] for r in records] == list(range(1, ROUNDS + 1))
     counts = [(r["clients_failed"], r["clients_dropped"], r["clients_done"]) for r in records]
-    assert counts == [(3, 1, 9), (1, 0, 10), (1, 0, 10)]
-    assert local_faulty.summary["clients_failed"] == 5
+    assert counts == [(2, 1, 9), (1, 0, 10), (1, 0, 10)]
+    assert local_faulty.summary["clients_failed"] == 4
     assert local_faulty.summary["clients_dropped"] == 1
     again = _run(_digits(*FAULTS), tmp_path / "again")
     _assert_same_state(again, local_faulty)
@@ -166,11 +168,12 @@ def test_ray_run_under_faults_equals_local_for_any_packing(
     records, local = _records(tmp_path), _records(local_faulty.out_dir)
     for key in ("round", "clients_done", "clients_failed", "clients_dropped", "bytes_up"):
         assert [r[key] for r in records] == [r[key] for r in local], key
-    assert result.summary["task_retries"] >= 4  # every failure short of a drop is retried
+    assert result.summary["task_retries"] >= 3  # every failure short of a drop is retried
 
 
 def _fedavg_kill():
-    return _digits("run.rounds=4", "run.checkpoint_every=2", "clients.local_epochs=2"), 4, 1
+    # killed in round 4: back to the round-2 checkpoint, round 3 replayed
+    return _digits("run.rounds=4", "run.checkpoint_every=2", "clients.local_epochs=1"), 4, 1
 
 
 def _frl_kill():
@@ -200,12 +203,8 @@ TINY_FEDAWS = {
 }
 
 
-def _fedaws_kill():
-    return config_module.from_dict(TINY_FEDAWS), 3, 2
-
-
 @pytest.mark.ray
-@pytest.mark.parametrize("make", [_fedavg_kill, _frl_kill, _fedaws_kill], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("make", [_fedavg_kill, _frl_kill], ids=lambda f: f.__name__)
 def test_server_actor_killed_mid_run_recovers_to_identical_parameters(
     ray_session, tmp_path, monkeypatch, make
 ):
@@ -225,16 +224,17 @@ def test_server_actor_killed_mid_run_recovers_to_identical_parameters(
 
 @pytest.mark.ray
 def test_stragglers_past_the_round_deadline_are_cancelled_and_dropped(ray_session, tmp_path):
-    """A 60 s straggler never holds up a round with a 6 s deadline: its task is cancelled and
-    its client dropped as late; the others arrive."""
+    """A 120 s straggler never holds up a round with a 10 s deadline: its task is cancelled and
+    its client dropped as late. (Whether the other clients make it depends on the machine's
+    load: the deadline counts from the dispatch, so it includes starting the workers.)"""
     config = _digits(
         "run.rounds=1",
         "clients.local_epochs=1",
         "clients.per_task=1",
         "clients.num_cpus=0.5",  # 4 slots on the test's 2 CPUs: stragglers block none
         "faults.straggler_rate=0.2",
-        "faults.straggler_delay_s=60",
-        "run.round_deadline_s=6",
+        "faults.straggler_delay_s=120",
+        "run.round_deadline_s=10",
         backend="ray",
     )
     plan = FaultPlan.from_config(config)
@@ -245,6 +245,60 @@ def test_stragglers_past_the_round_deadline_are_cancelled_and_dropped(ray_sessio
     assert record["clients_late"] >= len(stragglers)
     assert record["clients_dropped"] == record["clients_late"]
     assert record["clients_done"] + record["clients_dropped"] == 10
-    assert record["clients_done"] >= 1
-    assert record["wall_s"] < 40
+    assert record["wall_s"] < 60  # far below the stragglers' 120 s
     assert result.state.round == 1
+
+
+@pytest.mark.ray
+def test_fedaws_server_and_index_shard_killed_recover_to_identical_parameters(
+    ray_session, tmp_path, monkeypatch
+):
+    """FedAwS with two index shard actors (owned by the server actor). After round 1 one shard's
+    process is SIGKILLed: round 2's spreadout step fails, and the driver restarts the server
+    (the index is rebuilt from W) and replays round 1 from the initial state (no checkpoint
+    yet). In round 3 the server actor itself is killed: rounds 1-2 are replayed. All the while
+    clients fail (faults.seed 26: an exception in each round, and in round 3 client 19 fails
+    twice, the second time a hard exit, and is dropped, so the reduced update divides by the
+    weight that arrived). The result equals the uninterrupted local run with the same faults."""
+    import os
+    import signal
+
+    import ray._private.state
+
+    from raysim.runtime import ray_backend
+
+    faults = {"client_failure_rate": 0.1, "seed": 26}
+    config = config_module.from_dict(
+        {**TINY_FEDAWS, "faults": faults, "clients": {**TINY_FEDAWS["clients"], "max_retries": 1}}
+    )
+    reference = _run(config, tmp_path / "local")
+    original = ray_backend.RayBackend.run_round
+
+    def run_round_then_kill_a_shard(self, info, evaluate, next_info=None):
+        stats = original(self, info, evaluate, next_info)
+        if info.round_index == 0 and not self.restarts:
+            shards = [
+                actor["Pid"]
+                for actor in ray._private.state.actors().values()
+                if actor["ActorClassName"].endswith("IndexShard") and actor["State"] == "ALIVE"
+            ]
+            assert len(shards) == 2
+            os.kill(shards[0], signal.SIGKILL)
+        return stats
+
+    monkeypatch.setattr(ray_backend.RayBackend, "run_round", run_round_then_kill_a_shard)
+    monkeypatch.setenv("RAYSIM_TEST_KILL_SERVER_AT_ROUND", "3")
+    result = _run(config.replace(runtime__backend="ray"), tmp_path / "ray")
+    assert result.summary["server_restarts"] == 2
+    _assert_same_state(result, reference)
+    assert result.summary["final"] == reference.summary["final"]
+    records = _records(tmp_path / "ray")
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert (records[1]["server_restarts"], records[1]["replayed_rounds"]) == (1, 1)
+    assert (records[2]["server_restarts"], records[2]["replayed_rounds"]) == (1, 2)
+    expected = [(1, 0, 12), (1, 0, 12), (2, 1, 11)]  # failed, dropped, done; as locally
+    for run_records in (records, _records(tmp_path / "local")):
+        counts = [
+            (r["clients_failed"], r["clients_dropped"], r["clients_done"]) for r in run_records
+        ]
+        assert counts == expected

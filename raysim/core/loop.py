@@ -412,9 +412,11 @@ def run(
             "dataset": dataset.name,
             "num_clients": split.num_clients,
             "driver_peak_rss_bytes": peak_rss_bytes(),
-            "server_peak_rss_bytes": backend.server_peak_rss_bytes(),
+            "server_peak_rss_bytes": with_server(backend.server_peak_rss_bytes, rounds),
             # client tasks per Ray node id (the Ray backend; shows multi-node placement)
-            "task_nodes": backend.task_nodes() if hasattr(backend, "task_nodes") else None,
+            "task_nodes": (
+                with_server(backend.task_nodes, rounds) if hasattr(backend, "task_nodes") else None
+            ),
         }
         outputs.write_summary(summary)
     finally:

@@ -430,15 +430,20 @@ class RayBackend:
 
     def _get(self, call: ray.ObjectRef):
         """The result of a server actor call; ServerLost if the actor (or an index shard
-        actor it calls) died. The round loop then calls `restart` and replays rounds."""
+        actor it calls) died: killed, crashed, its node lost, or ended by Ray's memory monitor
+        (OutOfMemoryError). The round loop then calls `restart` and replays rounds. An
+        exception the server's own code raised propagates as it is."""
         try:
             return ray.get(call)
-        except ray.exceptions.RayActorError as error:
-            raise ServerLost(f"the server actor died: {error}") from error
         except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, ray.exceptions.RayActorError):
-                raise ServerLost(f"an actor of the server died: {error.cause}") from error
+            cause = error.cause
+            if isinstance(cause, ray.exceptions.RayError) and not isinstance(
+                cause, ray.exceptions.RayTaskError
+            ):
+                raise ServerLost(f"an actor of the server failed: {cause}") from error
             raise
+        except ray.exceptions.RayError as error:
+            raise ServerLost(f"the server actor failed: {error}") from error
 
     def restart(self, state: ServerState | None) -> None:
         """Replace a lost server actor by a new one holding `state` (a checkpointed state,
