@@ -39,9 +39,11 @@ def train_clients(
     client receives `(payload, its personal payload)`. An algorithm with a `task_reducer`
     gets its clients' updates folded into one `ReducedUpdate`, which is all the task returns.
 
-    Under `faults:` each client first meets the fault plan at its attempt (`attempts`, one per
-    client, default 0; raysim.core.faults): it may sleep (straggler) or fail, which ends the
-    whole call (an InjectedClientFailure, or with `hard_exits` an exit of the process).
+    Under `faults:` every client first meets the fault plan at its attempt (`attempts`, one
+    per client, default 0; raysim.core.faults), in order and before any client trains: it may
+    sleep (straggler) or fail, which ends the whole call (an InjectedClientFailure, or with
+    `hard_exits` an exit of the process). Failing before training leaves no client of the task
+    half-done, so a retried client never repeats a client-state store write.
     """
     if personal_payloads is not None and len(personal_payloads) != len(client_ids):
         raise ValueError(
@@ -51,6 +53,10 @@ def train_clients(
     reducer = make_reducer(ctx) if make_reducer is not None else None
     reduced = ReducedUpdate([], [], None, [], 0)
     faults = FaultPlan.from_config(ctx.config)
+    if faults is not None:
+        for position, client_id in enumerate(client_ids):
+            attempt = 0 if attempts is None else int(attempts[position])
+            faults.inject(round_index, int(client_id), attempt, hard_exits)
     previous_threads = torch.get_num_threads()
     if previous_threads != ctx.client_threads:
         # Same thread count on every backend: float results can depend on it.
@@ -59,9 +65,6 @@ def train_clients(
         updates: list[ClientUpdate | ReducedUpdate] = []
         for position, client_id in enumerate(client_ids):
             client_id = int(client_id)
-            if faults is not None:
-                attempt = 0 if attempts is None else int(attempts[position])
-                faults.inject(round_index, client_id, attempt, hard_exits)
             rows = indices[offsets[client_id] : offsets[client_id + 1]]
             x = torch.from_numpy(train_x[rows])
             y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))

@@ -4,7 +4,9 @@ The fault plan decides, for every (faults.seed, round, client id, attempt), thro
 SeedSequence, whether that attempt at training the client fails (a hard worker exit or an
 exception) and whether it is a straggler (sleeps `straggler_delay_s` first). Nothing depends on
 which task or worker trains the client, so the same clients fail at the same attempts for any
-packing of clients into tasks, any number of workers, and either backend.
+packing of clients into tasks, any number of workers, and either backend. A task meets the plan
+for all its clients before it trains any (raysim.core.clients.train_clients), so a failed task
+leaves nothing half-done (no client-state store write is repeated by a retry).
 
 Attempts. Every client of a round starts at attempt 0; its counter advances only when that
 client's own training failed (the server learns the culprit from the exception, or, for a
