@@ -232,7 +232,7 @@ def _study(args, out: Path) -> int:
             f"\n### regime {regime}: {dataset.num_classes} classes, "
             f"d={raw['model']['embedding_dim']}, {raw['partition']['num_clients']} clients, "
             f"{raw['clients']['per_round']} per round, {raw['run']['rounds']} rounds -> "
-            f"{visits:.1f} visits per class",
+            f"{visits:.3g} visits per class",
             flush=True,
         )
         for name in names:
@@ -264,7 +264,7 @@ def write_report(results: dict, out: Path) -> None:
             lines.append(
                 f"| {regime} | {name} | {final['p@1']:.4f} | {final['p@3']:.4f} | "
                 f"{final['p@5']:.4f} | {ratio} | {final.get('class_cosine_mean', nan):.3f} "
-                f"| {value['visits_per_class']:.1f} | {times.get('clients_s', 0):.3f} | "
+                f"| {value['visits_per_class']:.3g} | {times.get('clients_s', 0):.3f} | "
                 f"{times.get('aggregate_s', 0):.3f} | {times.get('index_s', 0):.3f} | "
                 f"{times.get('spreadout_s', 0):.3f} |"
             )

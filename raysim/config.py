@@ -113,7 +113,7 @@ class IndexConfig:
 
     backend: str = "exact"
     shards: int = 1
-    retrain_every: int = 50  # rounds between retrainings of a trained index (IVF)
+    retrain_every: int = 50  # updates between retrainings of a trained index (faiss IVF)
     # Ray resources per shard actor (shards > 1 on the Ray backend; one shard runs inside the
     # server actor). 0 reserves nothing, right for one box; reserve CPUs/GPUs on a cluster.
     num_cpus: float = 0.0
