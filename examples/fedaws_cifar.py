@@ -1,0 +1,145 @@
+"""FedAwS on CIFAR: each client holds the images of one class only (Yu et al., ICML 2020, §6).
+
+Compares FedAwS (positive loss + spreadout) with Baseline-1 (positive loss only), Baseline-2
+(class embeddings frozen) and the Softmax oracle on a CIFAR ResNet with a 64-d embedding
+(He et al.'s ResNet-8/32/56). With C = 10 classes spreadout has every pair of classes to work
+with (`spreadout: full`, Eq. 7); with CIFAR-100 the example mines the k nearest (Eq. 8).
+
+    python examples/fedaws_cifar.py                                   # synthetic CIFAR-shaped data
+    python examples/fedaws_cifar.py --data cifar10 --data-root ~/data --model resnet32 --rounds 2000
+    python examples/fedaws_cifar.py --data cifar100 --data-root ~/data --address auto
+
+CIFAR is read from a torchvision layout under --data-root (`cifar-10-batches-py/`,
+`cifar-100-python/`); nothing is downloaded. The default, with no files, is
+`synthetic_classification` shaped like CIFAR-10 (3 x 32 x 32, 10 classes), so the example runs
+anywhere in a few minutes. Paper (CIFAR-10, ResNet-32): FedAwS 92.4% = softmax 92.4%.
+Outputs in --out: table.md, results.json and one run folder per method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from raysim import config as config_module
+from raysim.core.loop import run
+
+METHODS = {
+    "FedAwS": ("fedaws", {}),
+    "Baseline-1": ("fedaws", {"spreadout": "none"}),
+    "Baseline-2": ("fedaws", {"train_class_embeddings": False}),
+    "Softmax": ("fedaws_softmax", {}),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", choices=("synthetic", "cifar10", "cifar100"), default="synthetic")
+    parser.add_argument("--data-root", default=None)
+    parser.add_argument("--model", choices=("resnet8", "resnet32", "resnet56"), default="resnet8")
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--clients-per-class", type=int, default=10)
+    parser.add_argument("--clients-per-round", type=int, default=20)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--address", default=None, help="Ray cluster to join ('auto', ray://)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/fedaws_cifar")
+    return parser.parse_args(argv)
+
+
+def base_config(args: argparse.Namespace) -> dict:
+    if args.data == "synthetic":
+        data = {
+            "name": "synthetic_classification",
+            "num_samples": 4000,
+            "num_test": 1000,
+            "num_classes": 10,
+            "sample_shape": [3, 32, 32],
+            "class_separation": 0.3,
+        }
+        classes = 10
+    else:
+        if not args.data_root:
+            raise SystemExit(f"--data {args.data} needs --data-root (a torchvision CIFAR root)")
+        data = {"name": args.data, "root": args.data_root}
+        classes = 10 if args.data == "cifar10" else 100
+    spreadout = (
+        {"spreadout": "full", "nu": 1.0} if classes <= 20 else {"spreadout": "topk", "k": 10}
+    )
+    return {
+        "run": {
+            "name": "fedaws_cifar",
+            "seed": args.seed,
+            "rounds": args.rounds,
+            "eval_every": max(1, args.rounds // 10),
+            "checkpoint_every": 0,
+        },
+        "data": data,
+        # Several clients per class, each holding a share of that class's images only.
+        "partition": {"name": "one_class", "num_clients": classes * args.clients_per_class},
+        "clients": {
+            "per_round": args.clients_per_round,
+            "local_epochs": 1,
+            "batch_size": 32,
+            "lr": 0.1,
+            "momentum": 0.0,
+        },
+        "server": {"optimizer": "adam", "lr": 0.003, "eps": 1.0e-6},
+        "model": {"name": args.model, "embedding_dim": 64},
+        "algorithm": {"name": "fedaws", "class_lr": 0.1, "spreadout_lr": 0.01, **spreadout},
+        "runtime": {"backend": "ray", "address": args.address},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in wanted if m not in METHODS]
+    if unknown:
+        print(f"unknown method(s) {unknown}; choose from {list(METHODS)}", file=sys.stderr)
+        return 2
+    from raysim.config import RuntimeConfig
+    from raysim.runtime import ray_backend
+
+    started_ray = ray_backend.connect(RuntimeConfig(address=args.address), args.address)
+    results = {}
+    try:
+        for name in wanted:
+            algorithm, options = METHODS[name]
+            raw = base_config(args)
+            if algorithm == "fedaws_softmax":
+                raw["algorithm"] = {"name": algorithm}
+            else:
+                raw["algorithm"] = {**raw["algorithm"], **options}
+            print(f"\n== {name} ==", flush=True)
+            started = time.perf_counter()
+            result = run(
+                config_module.from_dict(raw, source=name), out / name, address=args.address
+            )
+            results[name] = {**result.summary["final"], "wall_s": time.perf_counter() - started}
+    finally:
+        if started_ray:
+            ray_backend.disconnect()
+    lines = [
+        "| method | accuracy | P@3 | P@5 | mean cos(W) | wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, final in results.items():
+        lines.append(
+            f"| {name} | {final['accuracy']:.4f} | {final['p@3']:.4f} | {final['p@5']:.4f} | "
+            f"{final['class_cosine_mean']:.3f} | {final['wall_s']:.0f} |"
+        )
+    table = "\n".join(lines)
+    print("\n" + table, flush=True)
+    (out / "table.md").write_text(table + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
