@@ -11,7 +11,15 @@ import difflib
 
 
 class RaysimError(Exception):
-    """Base class for errors caused by the user's input rather than by a bug in raysim."""
+    """Base class for errors caused by the user's input rather than by a bug in raysim.
+
+    The message is always one line: line breaks inside it (e.g. from a key or file content
+    the user wrote) are shown escaped, so a message never spans several lines of a log.
+    """
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        text = str(message).strip("\n")
+        super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"), *args)
 
 
 class ConfigError(RaysimError):
