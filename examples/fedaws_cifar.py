@@ -58,7 +58,7 @@ def base_config(args: argparse.Namespace) -> dict:
             "num_test": 1000,
             "num_classes": 10,
             "sample_shape": [3, 32, 32],
-            "class_separation": 0.3,
+            "class_separation": 2.0,
         }
         classes = 10
     else:
@@ -88,7 +88,9 @@ def base_config(args: argparse.Namespace) -> dict:
             "momentum": 0.0,
         },
         "server": {"optimizer": "adam", "lr": 0.003, "eps": 1.0e-6},
-        "model": {"name": args.model, "embedding_dim": 64},
+        # GroupNorm: a one-class client's batch has one class only, and BatchNorm would
+        # subtract that class's own mean (its statistics are also meaningless to average).
+        "model": {"name": args.model, "embedding_dim": 64, "norm": "group"},
         "algorithm": {"name": "fedaws", "class_lr": 0.1, "spreadout_lr": 0.01, **spreadout},
         "runtime": {"backend": "ray", "address": args.address},
     }

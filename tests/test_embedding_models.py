@@ -164,7 +164,7 @@ def test_resnet_input_checks():
 def test_registered_with_options():
     for name in ("xml_embedding_bag", "resnet8", "resnet32", "resnet56"):
         assert name in registry.models
-    assert registry.models.option_names("resnet32") == ["embedding_dim"]
+    assert registry.models.option_names("resnet32") == ["embedding_dim", "norm"]
     assert registry.models.check_options("resnet32", {"embedding_dim": None}, "model") == {
         "embedding_dim": None
     }
@@ -176,3 +176,17 @@ def test_registered_with_options():
     ]
     with pytest.raises(ConfigError, match=r"'model\.hidden' expects"):
         registry.models.check_options("xml_embedding_bag", {"hidden": ["a"]}, "model")
+
+
+def test_resnet_group_norm_has_no_batch_statistics_and_unit_output():
+    import torch
+
+    from raysim.models.embedding import resnet8
+
+    model = resnet8((3, 32, 32), 10, norm="group")
+    assert not any("running_mean" in name for name, _ in model.named_buffers())
+    out = model(torch.randn(3, 3, 32, 32))
+    assert out.shape == (3, 64)
+    torch.testing.assert_close(out.norm(dim=1), torch.ones(3))
+    # A one-sample batch works (no batch statistics), unlike BatchNorm's need for several.
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 64)

@@ -153,13 +153,22 @@ class _ShortcutA(nn.Module):
         return F.pad(x, (0, 0, 0, 0, half, self.extra_channels - half))
 
 
+NORMS = ("batch", "group")
+
+
+def _norm(kind: str, channels: int) -> nn.Module:
+    """BatchNorm, or GroupNorm (groups of 8 channels): without batch statistics, for clients
+    whose batches hold a single class, where BatchNorm subtracts the class's own mean."""
+    return nn.BatchNorm2d(channels) if kind == "batch" else nn.GroupNorm(channels // 8, channels)
+
+
 class _BasicBlock(nn.Module):
-    def __init__(self, in_channels: int, channels: int, stride: int) -> None:
+    def __init__(self, in_channels: int, channels: int, stride: int, norm: str) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, channels, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(channels)
+        self.bn1 = _norm(norm, channels)
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(channels)
+        self.bn2 = _norm(norm, channels)
         if stride != 1 or in_channels != channels:
             self.shortcut: nn.Module = _ShortcutA(stride, channels - in_channels)
         else:
@@ -179,18 +188,23 @@ class CifarResNet(nn.Module):
     """
 
     def __init__(
-        self, in_channels: int, blocks_per_stage: int, num_classes: int, embedding_dim: int | None
+        self,
+        in_channels: int,
+        blocks_per_stage: int,
+        num_classes: int,
+        embedding_dim: int | None,
+        norm: str = "batch",
     ) -> None:
         super().__init__()
         self.embedding_dim = embedding_dim
         self.conv = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(16)
+        self.bn = _norm(norm, 16)
         stages: list[nn.Module] = []
         channels = 16
         for stage, width in enumerate((16, 32, 64)):
             for block in range(blocks_per_stage):
                 stride = 2 if stage > 0 and block == 0 else 1
-                stages.append(_BasicBlock(channels, width, stride))
+                stages.append(_BasicBlock(channels, width, stride, norm))
                 channels = width
         self.stages = nn.Sequential(*stages)
         self.head = nn.Linear(64, embedding_dim if embedding_dim is not None else num_classes)
@@ -212,8 +226,11 @@ def _resnet(
     num_classes: int,
     num_features: int | None,
     embedding_dim: int | None,
+    norm: str,
 ) -> CifarResNet:
     name = f"resnet{depth}"
+    if norm not in NORMS:
+        raise ValueError(f"'model.norm' must be one of {', '.join(NORMS)}, got {norm!r}")
     if num_features is not None:
         raise ValueError(
             f"model '{name}' needs image inputs, but the dataset gives sparse feature ids; "
@@ -226,7 +243,7 @@ def _resnet(
         )
     if embedding_dim is not None:
         embedding_dim = _positive("embedding_dim", embedding_dim)
-    return CifarResNet(int(input_shape[0]), (depth - 2) // 6, num_classes, embedding_dim)
+    return CifarResNet(int(input_shape[0]), (depth - 2) // 6, num_classes, embedding_dim, norm)
 
 
 def resnet8(
@@ -235,9 +252,10 @@ def resnet8(
     num_features: int | None = None,
     *,
     embedding_dim: int | None = 64,
+    norm: str = "batch",
 ) -> CifarResNet:
     """ResNet-8 (1 block per stage, 78k parameters): embedding (FedAwS) or logits (None)."""
-    return _resnet(8, input_shape, num_classes, num_features, embedding_dim)
+    return _resnet(8, input_shape, num_classes, num_features, embedding_dim, norm)
 
 
 def resnet32(
@@ -246,9 +264,10 @@ def resnet32(
     num_features: int | None = None,
     *,
     embedding_dim: int | None = 64,
+    norm: str = "batch",
 ) -> CifarResNet:
     """ResNet-32 (5 blocks per stage, 0.46M parameters): the paper's CIFAR network."""
-    return _resnet(32, input_shape, num_classes, num_features, embedding_dim)
+    return _resnet(32, input_shape, num_classes, num_features, embedding_dim, norm)
 
 
 def resnet56(
@@ -257,6 +276,7 @@ def resnet56(
     num_features: int | None = None,
     *,
     embedding_dim: int | None = 64,
+    norm: str = "batch",
 ) -> CifarResNet:
     """ResNet-56 (9 blocks per stage, 0.85M parameters)."""
-    return _resnet(56, input_shape, num_classes, num_features, embedding_dim)
+    return _resnet(56, input_shape, num_classes, num_features, embedding_dim, norm)
