@@ -282,6 +282,28 @@ class _ClassEmbeddingMethod:
             return model(x)
         return model.forward_rows(local_x, table)
 
+    def _train_locally(
+        self, model, layout, x, y, local_x, table, generator, optimizer, ctx, batch_loss
+    ) -> float:
+        """E epochs of minibatches in the client's own shuffled order; `batch_loss(embedding,
+        batch indices)` is the method's loss. Returns the mean training loss."""
+        clients = ctx.config.clients
+        loss_sum, steps = 0.0, 0
+        for _ in range(clients.local_epochs):
+            order = torch.randperm(len(y), generator=generator)
+            for start in range(0, len(y), clients.batch_size):
+                batch = order[start : start + clients.batch_size]
+                embedding = self._embed(
+                    model, layout, x[batch], None if local_x is None else local_x[batch], table
+                )
+                loss = batch_loss(embedding, batch)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                loss_sum += float(loss.detach())
+                steps += 1
+        return loss_sum / max(1, steps)
+
     def _theta_message(self, model, layout, broadcast, touched, table) -> dict:
         """The theta part of a client's message: dense delta (+ touched bag rows' delta)."""
         theta = broadcast.theta
@@ -558,20 +580,18 @@ class FedAwS(_ClassEmbeddingMethod):
         optimizer = torch.optim.SGD(
             groups, lr=clients.lr, momentum=clients.momentum, weight_decay=clients.weight_decay
         )
-        loss_sum, steps = 0.0, 0
-        for _ in range(clients.local_epochs):
-            order = torch.randperm(len(y), generator=generator)
-            for start in range(0, len(y), clients.batch_size):
-                batch = order[start : start + clients.batch_size]
-                embedding = self._embed(
-                    model, layout, x[batch], None if local_x is None else local_x[batch], table
-                )
-                loss = positive_loss(embedding, row, self.positive_margin)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                loss_sum += float(loss.detach())
-                steps += 1
+        mean_loss = self._train_locally(
+            model,
+            layout,
+            x,
+            y,
+            local_x,
+            table,
+            generator,
+            optimizer,
+            ctx,
+            lambda embedding, batch: positive_loss(embedding, row, self.positive_margin),
+        )
         message = self._theta_message(model, layout, broadcast, touched, table)
         if self.train_class_embeddings:
             message["class"] = int(y[0]) if len(y) else -1
@@ -580,7 +600,7 @@ class FedAwS(_ClassEmbeddingMethod):
             client_id=client_id,
             num_samples=len(y),
             message=message,
-            metrics={"loss": loss_sum / max(1, steps)},
+            metrics={"loss": mean_loss},
         )
 
     # --- server update ----------------------------------------------------------------------------
@@ -733,29 +753,21 @@ class FedAwSSoftmax(_ClassEmbeddingMethod):
             momentum=clients.momentum,
             weight_decay=clients.weight_decay,
         )
-        loss_sum, steps = 0.0, 0
-        for _ in range(clients.local_epochs):
-            order = torch.randperm(len(y), generator=generator)
-            for start in range(0, len(y), clients.batch_size):
-                batch = order[start : start + clients.batch_size]
-                embedding = self._embed(
-                    model, layout, x[batch], None if local_x is None else local_x[batch], table
-                )
-                unit = classes / classes.norm(dim=1, keepdim=True).clamp_min(1e-12)
-                logits = self.scale * embedding @ unit.T
-                loss = nn.functional.cross_entropy(logits, y[batch])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                loss_sum += float(loss.detach())
-                steps += 1
+
+        def softmax_loss(embedding: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+            unit = classes / classes.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            return nn.functional.cross_entropy(self.scale * embedding @ unit.T, y[batch])
+
+        mean_loss = self._train_locally(
+            model, layout, x, y, local_x, table, generator, optimizer, ctx, softmax_loss
+        )
         message = self._theta_message(model, layout, payload, touched, table)
         message["classes"] = classes.detach().numpy() - start_classes
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
             message=message,
-            metrics={"loss": loss_sum / max(1, steps)},
+            metrics={"loss": mean_loss},
         )
 
     def server_update(self, state: ServerState, aggregate: dict, ctx: RunContext) -> ServerState:
