@@ -189,7 +189,7 @@ def _study(args, out: Path) -> int:
             data = {"name": "extreme_classification", "root": args.data_dir}
         else:
             data = {"name": "synthetic_xml", "scale": args.scale}
-        probe = config_module.from_dict({"data": dict(data)})
+        probe = config_module.from_dict({"run": {"seed": args.seed}, "data": dict(data)})
         dataset = load_dataset(probe)
         classes = int(len(np.unique(dataset.train_y)))
         data["_num_clients"] = classes
@@ -202,7 +202,7 @@ def _study(args, out: Path) -> int:
         settings.append((f"C={dataset.num_classes}", raw, names, dataset))
     else:
         data = {"name": "synthetic_xml", **DEFAULT_DATA}
-        probe = config_module.from_dict({"data": dict(data)})
+        probe = config_module.from_dict({"run": {"seed": args.seed}, "data": dict(data)})
         dataset = load_dataset(probe)
         classes = int(len(np.unique(dataset.train_y)))
         rounds = args.rounds or 500
