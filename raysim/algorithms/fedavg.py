@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim import registry
+from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.metrics import evaluate_classifier
@@ -79,14 +79,10 @@ class _DeltaAveraging:
         self.proximal_mu = float(proximal_mu)
         self.mixed_precision = bool(mixed_precision)
 
-    def _server_optimizer(self, ctx: RunContext):
-        server = ctx.config.server
-        return registry.server_optimizers.build(server.optimizer, server)
-
     def init_server(self, ctx: RunContext) -> ServerState:
         params = get_vector(build_model(ctx))
-        slots = self._server_optimizer(ctx).init(params)
-        return ServerState(0, {"params": params, **{f"optimizer.{k}": v for k, v in slots.items()}})
+        slots = server_optimizers.from_config(ctx.config).init(params)
+        return ServerState(0, {"params": params, **server_optimizers.slot_arrays(slots)})
 
     def server_payload(self, state: ServerState) -> np.ndarray:
         return state.arrays["params"]
@@ -126,15 +122,11 @@ class _DeltaAveraging:
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
     ) -> ServerState:
-        optimizer = self._server_optimizer(ctx)
-        slots = {
-            k.removeprefix("optimizer."): v
-            for k, v in state.arrays.items()
-            if k.startswith("optimizer.")
-        }
+        optimizer = server_optimizers.from_config(ctx.config)
+        slots = server_optimizers.slots_of(state.arrays)
         params, slots = optimizer.step(state.arrays["params"], aggregate, slots)
         return ServerState(
-            state.round + 1, {"params": params, **{f"optimizer.{k}": v for k, v in slots.items()}}
+            state.round + 1, {"params": params, **server_optimizers.slot_arrays(slots)}
         )
 
     def evaluate(

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim import registry
+from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.errors import ConfigError
@@ -251,10 +251,6 @@ class _ClassEmbeddingMethod:
         rng = np.random.default_rng([ctx.seed, 0xC1A55])
         return _normalize_rows(rng.standard_normal((ctx.num_classes, dim)).astype(np.float32))
 
-    def _server_optimizer(self, ctx: RunContext):
-        server = ctx.config.server
-        return registry.server_optimizers.build(server.optimizer, server)
-
     def _worker_model(self, ctx: RunContext, broadcast: Broadcast):
         """This worker's model holding theta; loaded in full once per payload, after that
         only the dense layers are reset (the bag table is never modified in place)."""
@@ -365,15 +361,11 @@ class _ClassEmbeddingMethod:
             table.reshape(layout.bag_rows, layout.bag_width)[ids] = (
                 aggregate["bag_rows"] / total
             ).astype(np.float32)
-        slots = {
-            k.removeprefix("optimizer."): v
-            for k, v in state.arrays.items()
-            if k.startswith("optimizer.")
-        }
+        slots = server_optimizers.slots_of(state.arrays)
         if extra is not None:
             theta = np.concatenate([theta, extra[0].ravel()])
             delta = np.concatenate([delta, extra[1].ravel()])
-        return self._server_optimizer(ctx).step(theta, delta, slots)
+        return server_optimizers.from_config(ctx.config).step(theta, delta, slots)
 
     # --- evaluation -------------------------------------------------------------------------------
     def evaluate(
@@ -537,13 +529,13 @@ class FedAwS(_ClassEmbeddingMethod):
                 f"(k+1)-th nearest class sets the margin), got {self.k}"
             )
         params = get_vector(model)
-        slots = self._server_optimizer(ctx).init(params)
+        slots = server_optimizers.from_config(ctx.config).init(params)
         return ServerState(
             0,
             {
                 "params": params,
                 "class_embeddings": self._init_classes(ctx, dim),
-                **{f"optimizer.{k}": v for k, v in slots.items()},
+                **server_optimizers.slot_arrays(slots),
             },
         )
 
@@ -620,7 +612,7 @@ class FedAwS(_ClassEmbeddingMethod):
             {
                 "params": params,
                 "class_embeddings": classes,
-                **{f"optimizer.{k}": v for k, v in slots.items()},
+                **server_optimizers.slot_arrays(slots),
             },
         )
 
@@ -718,13 +710,15 @@ class FedAwSSoftmax(_ClassEmbeddingMethod):
         params = get_vector(model)
         classes = self._init_classes(ctx, dim)
         # One server optimizer over theta and W (its slots cover both, theta first).
-        slots = self._server_optimizer(ctx).init(np.concatenate([params, classes.ravel()]))
+        slots = server_optimizers.from_config(ctx.config).init(
+            np.concatenate([params, classes.ravel()])
+        )
         return ServerState(
             0,
             {
                 "params": params,
                 "class_embeddings": classes,
-                **{f"optimizer.{k}": v for k, v in slots.items()},
+                **server_optimizers.slot_arrays(slots),
             },
         )
 
@@ -782,6 +776,6 @@ class FedAwSSoftmax(_ClassEmbeddingMethod):
             {
                 "params": params,
                 "class_embeddings": _normalize_rows(classes),
-                **{f"optimizer.{k}": v for k, v in slots.items()},
+                **server_optimizers.slot_arrays(slots),
             },
         )

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim import registry
+from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, RoundInfo, ServerState
 from raysim.errors import ConfigError
@@ -234,10 +234,6 @@ class MultiLabelAveraging:
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return multilabel_loss(*self.loss_options)(logits, targets)
 
-    def _server_optimizer(self, ctx: RunContext):
-        server = ctx.config.server
-        return registry.server_optimizers.build(server.optimizer, server)
-
     def init_server(self, ctx: RunContext) -> ServerState:
         if ctx.config.aggregator.name not in ("auto", "stack"):
             raise ConfigError(
@@ -246,8 +242,8 @@ class MultiLabelAveraging:
                 f"'{ctx.config.aggregator.name}'"
             )
         params = get_vector(build_model(ctx))
-        slots = self._server_optimizer(ctx).init(params)
-        return ServerState(0, {"params": params, **{f"optimizer.{k}": v for k, v in slots.items()}})
+        slots = server_optimizers.from_config(ctx.config).init(params)
+        return ServerState(0, {"params": params, **server_optimizers.slot_arrays(slots)})
 
     def server_payload(self, state: ServerState) -> np.ndarray:
         return state.arrays["params"]
@@ -301,14 +297,10 @@ class MultiLabelAveraging:
         self.last_weights = dict(
             zip(aggregate["client_ids"].tolist(), weights.tolist(), strict=True)
         )
-        optimizer = self._server_optimizer(ctx)
-        slots = {
-            k.removeprefix("optimizer."): v
-            for k, v in state.arrays.items()
-            if k.startswith("optimizer.")
-        }
+        optimizer = server_optimizers.from_config(ctx.config)
+        slots = server_optimizers.slots_of(state.arrays)
         new_params, slots = optimizer.step(params, combined.astype(np.float32), slots)
-        arrays = {"params": new_params, **{f"optimizer.{k}": v for k, v in slots.items()}}
+        arrays = {"params": new_params, **server_optimizers.slot_arrays(slots)}
         for key, value in state.arrays.items():
             if key.startswith(CLIENT_MODEL_PREFIX):
                 arrays[key] = value

@@ -73,3 +73,28 @@ def adagrad(config) -> ServerAdagrad:
 
 def adam(config) -> ServerAdam:
     return ServerAdam(lr=config.lr, beta1=config.beta1, beta2=config.beta2, eps=config.eps)
+
+
+# --- how every algorithm keeps its server-optimizer state ------------------------------------
+SLOT_PREFIX = "optimizer."
+
+
+def from_config(config) -> ServerSGD | ServerAdagrad | ServerAdam:  # config: raysim Config
+    """The server optimizer the config's `server:` section names."""
+    from raysim import registry
+
+    return registry.server_optimizers.build(config.server.optimizer, config.server)
+
+
+def slot_arrays(slots: Slots) -> dict[str, np.ndarray]:
+    """Optimizer slots as named server-state arrays ('optimizer.<slot>'), checkpointed with it."""
+    return {SLOT_PREFIX + name: value for name, value in slots.items()}
+
+
+def slots_of(arrays: dict[str, np.ndarray]) -> Slots:
+    """The optimizer slots held in a server state's arrays (inverse of `slot_arrays`)."""
+    return {
+        name.removeprefix(SLOT_PREFIX): value
+        for name, value in arrays.items()
+        if name.startswith(SLOT_PREFIX)
+    }
