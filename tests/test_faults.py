@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_fedaws import TINY as TINY_FEDAWS_SETTING
 
 from raysim import config as config_module
 from raysim.core.faults import EXCEPTION, EXIT, FaultPlan, InjectedClientFailure
@@ -184,23 +185,9 @@ def _frl_kill():
     return config, 2, 1  # no checkpoint yet: back to the initial state, round 1 replayed
 
 
-TINY_FEDAWS = {
-    "run": {"seed": 3, "rounds": 3, "eval_every": 1, "checkpoint_every": 0},
-    "data": {
-        "name": "synthetic_xml",
-        "num_labels": 40,
-        "num_features": 300,
-        "num_train": 800,
-        "num_test": 200,
-    },
-    "partition": {"name": "one_class", "num_clients": 40},
-    "clients": {"per_round": 12, "local_epochs": 1, "batch_size": 8, "lr": 0.1},
-    "model": {"name": "xml_embedding_bag", "bag_dim": 16, "hidden": [32], "embedding_dim": 8},
-    "algorithm": {"name": "fedaws", "k": 5},
-    # two index shards: on Ray they are actors owned by the server actor, and die with it
-    "index": {"shards": 2},
-    "runtime": {"backend": "local"},
-}
+# The FedAwS tests' tiny setting, with two index shards: on Ray they are actors owned by the
+# server actor, and die with it.
+TINY_FEDAWS = {**TINY_FEDAWS_SETTING, "index": {"shards": 2}}
 
 
 @pytest.mark.ray
