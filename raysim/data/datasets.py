@@ -461,18 +461,23 @@ def _femnist_files(root: str, split: str) -> list[str]:
     )
 
 
-def _read_leaf_file(path: str) -> tuple[list[str], dict]:
+def read_json_file(path: str, kind: str) -> Any:
+    """A JSON data file, every failure one DataError naming the file (and line, if known)."""
     try:
         with open(path, encoding="utf-8") as handle:
-            content = json.load(handle)
+            return json.load(handle)
     except json.JSONDecodeError as error:
         raise DataError(
             f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
         ) from None
     except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"cannot read {path}: {error}") from None
+        raise DataError(f"cannot read {kind} {path}: {error}") from None
     except (ValueError, RecursionError) as error:  # an over-long integer; absurd nesting
-        raise DataError(f"{path}: not a LEAF json file: {error}") from None
+        raise DataError(f"{path}: not a {kind} file: {error}") from None
+
+
+def _read_leaf_file(path: str) -> tuple[list[str], dict]:
+    content = read_json_file(path, "LEAF json")
     if not isinstance(content, dict):
         raise DataError(f"{path}: expected a JSON object with keys 'users' and 'user_data'")
     for key in ("users", "user_data"):

@@ -18,7 +18,6 @@ A malformed file is one `DataError` naming the file and the line (ARFF) or JSON 
 
 from __future__ import annotations
 
-import json
 import os
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.data.datasets import Dataset, _float_option, _int_option
+from raysim.data.datasets import Dataset, _float_option, _int_option, read_json_file
 from raysim.errors import ConfigError, DataError
 
 # --- synthetic ------------------------------------------------------------------------------------
@@ -349,17 +348,7 @@ def _coco_field(record: Any, key: str, where: str, path: str, kind: type | tuple
 def read_coco_annotations(path: str) -> tuple[list[tuple[int, str]], np.ndarray, list[str]]:
     """(images (id, file_name) sorted by id, multi-hot (n, C) uint8, category names) of an
     `instances_*.json`; categories are ordered by id (COCO 2014: 80 of ids 1..90)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            content = json.load(handle)
-    except json.JSONDecodeError as error:
-        raise DataError(
-            f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
-        ) from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"cannot read COCO annotations {path}: {error}") from None
-    except (ValueError, RecursionError) as error:  # an over-long integer; absurd nesting
-        raise DataError(f"{path}: not a COCO annotations file: {error}") from None
+    content = read_json_file(path, "COCO annotations")
     for key in ("images", "annotations", "categories"):
         if not isinstance(content, dict) or not isinstance(content.get(key), list):
             raise DataError(f"{path}: field '{key}' is missing or not a list")
