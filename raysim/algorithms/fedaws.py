@@ -194,6 +194,14 @@ class _ModelLayout:
         return table.reshape(self.bag_rows, self.bag_width)[ids]
 
 
+def _layout_of(model: nn.Module) -> _ModelLayout:
+    """The layout of a (cached, per-process) model, computed once."""
+    layout = getattr(model, "_fedaws_layout", None)
+    if layout is None:
+        layout = model._fedaws_layout = _ModelLayout(model)
+    return layout
+
+
 def _normalize_rows(rows: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(rows.astype(np.float64), axis=-1, keepdims=True)
     return (rows / np.maximum(norms, 1e-12)).astype(np.float32)
@@ -247,17 +255,24 @@ class _ClassEmbeddingMethod:
             )
         return dim
 
-    def _init_classes(self, ctx: RunContext, dim: int) -> np.ndarray:
+    def _initial_state(
+        self, ctx: RunContext, model: nn.Module, dim: int, optimize_classes: bool
+    ) -> ServerState:
+        """theta from the seeded model, random unit class rows, and the server optimizer's
+        slots over theta (or over theta and W when the server also steps W)."""
+        params = get_vector(model)
         rng = np.random.default_rng([ctx.seed, 0xC1A55])
-        return _normalize_rows(rng.standard_normal((ctx.num_classes, dim)).astype(np.float32))
+        classes = _normalize_rows(rng.standard_normal((ctx.num_classes, dim)).astype(np.float32))
+        stepped = np.concatenate([params, classes.ravel()]) if optimize_classes else params
+        slots = server_optimizers.from_config(ctx.config).init(stepped)
+        arrays = {"params": params, "class_embeddings": classes}
+        return ServerState(0, {**arrays, **server_optimizers.slot_arrays(slots)})
 
     def _worker_model(self, ctx: RunContext, broadcast: Broadcast):
         """This worker's model holding theta; loaded in full once per payload, after that
         only the dense layers are reset (the bag table is never modified in place)."""
         model = cached_model(ctx)
-        layout = getattr(model, "_fedaws_layout", None)
-        if layout is None:
-            layout = model._fedaws_layout = _ModelLayout(model)
+        layout = _layout_of(model)
         if getattr(model, "_fedaws_token", None) != broadcast.token:
             set_vector(model, broadcast.theta)
             model._fedaws_token = broadcast.token
@@ -314,7 +329,7 @@ class _ClassEmbeddingMethod:
     # --- exact reduction --------------------------------------------------------------------------
     def task_reducer(self, ctx: RunContext) -> _Reducer:
         model = cached_model(ctx)
-        return _Reducer(_ModelLayout(model), ctx.num_classes, self._check_model(ctx, model))
+        return _Reducer(_layout_of(model), ctx.num_classes, self._check_model(ctx, model))
 
     def merge_reduced(self, accumulated: dict | None, message: dict, ctx: RunContext) -> dict:
         if accumulated is None:
@@ -347,7 +362,7 @@ class _ClassEmbeddingMethod:
         server optimizer, appended after theta; then params holds both."""
         theta = state.arrays["params"]
         total = float(aggregate["weight"]) * _FIXED_SCALE
-        layout = _ModelLayout(cached_model(ctx))
+        layout = _layout_of(cached_model(ctx))
         delta = np.zeros_like(theta)
         dense = (aggregate["dense"] / total).astype(np.float32)
         if layout.bag is None:
@@ -528,16 +543,7 @@ class FedAwS(_ClassEmbeddingMethod):
                 f"'algorithm.k' must be < num_classes - 1 = {ctx.num_classes - 1} (the "
                 f"(k+1)-th nearest class sets the margin), got {self.k}"
             )
-        params = get_vector(model)
-        slots = server_optimizers.from_config(ctx.config).init(params)
-        return ServerState(
-            0,
-            {
-                "params": params,
-                "class_embeddings": self._init_classes(ctx, dim),
-                **server_optimizers.slot_arrays(slots),
-            },
-        )
+        return self._initial_state(ctx, model, dim, optimize_classes=False)
 
     def server_payload(self, state: ServerState) -> Broadcast:
         return Broadcast(state.arrays["params"], uuid.uuid4().int & ((1 << 63) - 1))
@@ -706,21 +712,8 @@ class FedAwSSoftmax(_ClassEmbeddingMethod):
 
     def init_server(self, ctx: RunContext) -> ServerState:
         model = build_model(ctx)
-        dim = self._check_model(ctx, model)
-        params = get_vector(model)
-        classes = self._init_classes(ctx, dim)
         # One server optimizer over theta and W (its slots cover both, theta first).
-        slots = server_optimizers.from_config(ctx.config).init(
-            np.concatenate([params, classes.ravel()])
-        )
-        return ServerState(
-            0,
-            {
-                "params": params,
-                "class_embeddings": classes,
-                **server_optimizers.slot_arrays(slots),
-            },
-        )
+        return self._initial_state(ctx, model, self._check_model(ctx, model), True)
 
     def server_payload(self, state: ServerState) -> Broadcast:
         return Broadcast(
