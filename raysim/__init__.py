@@ -1,14 +1,18 @@
 """raysim: a Ray-native simulator for federated learning research at scale.
 
 import raysim
-config = raysim.load_config("configs/fedavg_digits.yaml", ["clients.lr=0.1"])
-result = raysim.run(config, "runs/example")
+result = raysim.run("configs/fedavg_digits.yaml", out="runs/example", overrides=["clients.lr=0.1"])
 print(result.summary["final"])
+record = raysim.load_run("runs/example")   # config, metrics, summary, state, .model()
+
+Your own algorithm, aggregator, codec, model, dataset or partitioner: name it in a config as
+`package.module:attr` (docs/EXTENDING.md).
 """
 
+from raysim.api import RunRecord, load_run, run
 from raysim.config import Config
 from raysim.config import load as load_config
-from raysim.core.loop import RunResult, resume, run
+from raysim.core.loop import RunResult, resume
 from raysim.errors import ConfigError, DataError, RaysimError
 
 __version__ = "0.1.0"
@@ -17,8 +21,10 @@ __all__ = [
     "ConfigError",
     "DataError",
     "RaysimError",
+    "RunRecord",
     "RunResult",
     "load_config",
+    "load_run",
     "resume",
     "run",
 ]

@@ -152,6 +152,8 @@ class Config:
     model: PluginConfig = field(default_factory=lambda: PluginConfig(name="mlp"))
     algorithm: PluginConfig = field(default_factory=lambda: PluginConfig(name="fedavg"))
     aggregator: PluginConfig = field(default_factory=lambda: PluginConfig(name="auto"))
+    # Wire format of the clients' updates (raysim.core.codecs); auto: the algorithm's own.
+    codec: PluginConfig = field(default_factory=lambda: PluginConfig(name="auto"))
     attack: AttackConfig = field(default_factory=AttackConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -220,6 +222,7 @@ _PLUGIN_SECTIONS: dict[str, tuple[registry.Registry, str]] = {
     "model": (registry.models, "mlp"),
     "algorithm": (registry.algorithms, "fedavg"),
     "aggregator": (registry.aggregators, "auto"),
+    "codec": (registry.codecs, "auto"),
     "attack": (registry.attacks, "none"),
 }
 _SECTION_TYPES = {f.name: f for f in dataclasses.fields(Config)}
@@ -306,11 +309,15 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
         name = values.pop("name", default_name)
         if not isinstance(name, str):
             raise ConfigError(f"{source}: '{section_name}.name' must be a string, got {name!r}")
-        if section_type is PluginConfig and section_name == "aggregator" and name == "auto":
+        if (
+            section_type is PluginConfig
+            and section_name in ("aggregator", "codec")
+            and (name == "auto")
+        ):
             if values:
                 raise ConfigError(
-                    f"{source}: 'aggregator.name: auto' takes no options; "
-                    f"name an aggregator to set {', '.join(values)}"
+                    f"{source}: '{section_name}.name: auto' takes no options; "
+                    f"name a {section_name} to set {', '.join(values)}"
                 )
             return PluginConfig(name="auto", options={})
         reg.get(name)  # unknown name -> ConfigError listing the choices
@@ -494,11 +501,15 @@ def _validate(config: Config, source: str) -> None:
     require(index.num_cpus >= 0, "index.num_cpus", ">= 0", index.num_cpus)
     require(index.num_gpus >= 0, "index.num_gpus", ">= 0", index.num_gpus)
     require(
-        config.runtime.backend in ("ray", "local"),
+        config.runtime.backend in registry.backends,
         "runtime.backend",
-        "'ray' or 'local'",
+        f"one of {', '.join(registry.backends.names())} or package.module:Class",
         config.runtime.backend,
     )
+    if ":" in config.runtime.backend:
+        registry.backends.get(config.runtime.backend)  # imported here: it runs in the driver
+    if ":" in index.backend:  # imported in the driver, so the module ships with a Ray run
+        registry.indexes.get(index.backend)
     require(
         config.runtime.num_cpus is None or config.runtime.num_cpus >= 1,
         "runtime.num_cpus",
@@ -528,6 +539,8 @@ def _check_plugins(config: Config, source: str) -> None:
     chosen = [("algorithm", registry.algorithms, config.algorithm)]
     if config.aggregator.name != "auto":
         chosen.append(("aggregator", registry.aggregators, config.aggregator))
+    if config.codec.name != "auto":
+        chosen.append(("codec", registry.codecs, config.codec))
     if config.attack.name != "none":
         chosen.append(("attack", registry.attacks, config.attack))
     for section, reg, plugin in chosen:

@@ -4,6 +4,11 @@ Factories are registered as "module:attribute" strings so that heavy optional li
 (torchvision, faiss, kmodes) are imported only when a config actually chooses them. A factory's
 keyword-only parameters are its options: config sections such as `model:` or `algorithm:` pass
 every key except `name` to the factory, and unknown keys are rejected before anything runs.
+
+A config may also name a plug-in by import path, `package.module:attr`, without registering it:
+the module is imported from the directory raysim runs in or from PYTHONPATH (raysim.plugins).
+Plug-ins registered from a user's own code (`raysim.registry.algorithms.register(...)`) travel
+with the run (`snapshot` / `install`), so Ray workers know them too.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from raysim.errors import ConfigError, closest
+from raysim.plugins import is_import_path, remember_callable, resolve_import_path
 
 
 class Registry:
@@ -24,30 +30,61 @@ class Registry:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._targets: dict[str, str | Callable[..., Any]] = {}
+        self._builtin: set[str] = set()  # names registered by raysim itself
+        self._imported: dict[str, Callable[..., Any]] = {}  # import-path names resolved so far
 
     def register(self, name: str, target: str | Callable[..., Any]) -> None:
+        """Add a plug-in under `name`: a factory, or its "module:attr" path (imported lazily).
+
+        Names registered from a user's code are sent to every Ray worker of a run."""
         if name in self._targets:
             raise ValueError(f"{self.kind} '{name}' is registered twice")
+        if is_import_path(name):
+            raise ValueError(
+                f"{self.kind} name '{name}' contains ':'; names with ':' are import paths"
+            )
         self._targets[name] = target
+        if _registering_builtins:
+            self._builtin.add(name)
+        elif callable(target):
+            remember_callable(target)  # its module goes to the Ray workers of a run
+
+    def unregister(self, name: str) -> None:
+        """Remove a plug-in registered from user code (tests, notebooks re-running a cell)."""
+        if name in self._builtin:
+            raise ValueError(f"{self.kind} '{name}' is built in and cannot be unregistered")
+        self._targets.pop(name, None)
 
     def names(self) -> list[str]:
         return sorted(self._targets)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._targets
+        return name in self._targets or is_import_path(name)
 
     def get(self, name: str) -> Callable[..., Any]:
+        """The factory called `name`: a registered name or a `package.module:attr` path."""
         if name not in self._targets:
+            if is_import_path(name):
+                if name not in self._imported:
+                    self._imported[name] = resolve_import_path(name, self.kind)
+                return self._imported[name]
             raise ConfigError(
                 f"unknown {self.kind} '{name}'{closest(name, self.names())}; "
-                f"choices: {', '.join(self.names())}"
+                f"choices: {', '.join(self.names())} (or 'package.module:attr' of your own)"
             )
         target = self._targets[name]
         if isinstance(target, str):
-            module_name, attribute = target.split(":")
-            target = getattr(importlib.import_module(module_name), attribute)
+            if name in self._builtin:
+                module_name, attribute = target.split(":")
+                target = getattr(importlib.import_module(module_name), attribute)
+            else:  # registered by the user as a path: the same checks as a config's path
+                target = resolve_import_path(target, self.kind)
             self._targets[name] = target
         return target
+
+    def user_entries(self) -> dict[str, str | Callable[..., Any]]:
+        """The entries registered from user code (not raysim's own), name -> target."""
+        return {n: t for n, t in self._targets.items() if n not in self._builtin}
 
     def option_names(self, name: str) -> list[str]:
         """The keyword-only parameters of the factory: the options a config may set."""
@@ -136,6 +173,22 @@ def _check_items(annotation: str, items: list | tuple, key: str) -> None:
             raise ConfigError(f"'{key}' expects {annotation}, got {list(items)!r}")
 
 
+def snapshot() -> dict[str, dict[str, Any]]:
+    """Every plug-in registered from user code, by kind: what a Ray worker needs to resolve the
+    run's names as the driver does. Factories pickle by reference (their module is shipped with
+    the run, raysim.plugins.modules_to_ship) or, defined in a script's __main__, by value."""
+    return {reg.kind: entries for reg in _ALL if (entries := reg.user_entries())}
+
+
+def install(entries: Mapping[str, Mapping[str, Any]] | None) -> None:
+    """Register a `snapshot()` taken in another process (names already known are kept)."""
+    for reg in _ALL:
+        for name, target in (entries or {}).get(reg.kind, {}).items():
+            if name not in reg._targets:
+                reg._targets[name] = target
+
+
+_registering_builtins = True
 datasets = Registry("dataset")
 partitioners = Registry("partitioner")
 models = Registry("model")
@@ -144,6 +197,20 @@ aggregators = Registry("aggregator")
 server_optimizers = Registry("server optimizer")
 attacks = Registry("attack")
 indexes = Registry("index")
+codecs = Registry("codec")
+backends = Registry("backend")
+_ALL = (
+    datasets,
+    partitioners,
+    models,
+    algorithms,
+    aggregators,
+    server_optimizers,
+    attacks,
+    indexes,
+    codecs,
+    backends,
+)
 
 # --- built-in plug-ins -------------------------------------------------------------------------
 for _name in ("digits", "synthetic_classification", "mnist", "cifar10", "cifar100", "femnist"):
@@ -190,7 +257,12 @@ algorithms.register("local_only", "raysim.algorithms.personalized:LocalOnly")
 algorithms.register("personal_bn", "raysim.algorithms.personalized:PersonalBN")
 algorithms.register("personal_classifier", "raysim.algorithms.personalized:PersonalClassifier")
 algorithms.register("per_fedavg", "raysim.algorithms.personalized:PerFedAvg")
-aggregators.register("stack", "raysim.algorithms.flag:StackUpdates")
+aggregators.register("label_weighted", "raysim.algorithms.flag:LabelWeightedMean")
 indexes.register("exact", "raysim.index.exact:ExactIndex")
 indexes.register("faiss_ivf", "raysim.index.faiss_ivf:FaissIVFIndex")
 indexes.register("hnsw", "raysim.index.hnsw:HNSWIndex")
+for _name in ("dense", "signs", "topk", "ranks"):
+    codecs.register(_name, f"raysim.core.codecs:{_name}")
+backends.register("local", "raysim.runtime.local:LocalBackend")
+backends.register("ray", "raysim.runtime.ray_backend:RayBackend")
+_registering_builtins = False

@@ -11,6 +11,7 @@ from raysim.core.aggregators import (
     Mean,
     Sum,
     WeightedMean,
+    contributions_of,
     mean,
     total,
     weighted_mean,
@@ -86,15 +87,17 @@ def test_weighted_mean_class_weights_by_num_samples():
     samples = [10, 30, 60]
     aggregator = WeightedMean()
     assert aggregator.linear is True
-    assert [aggregator.weight(n) for n in samples] == [10.0, 30.0, 60.0]
+    contributions = contributions_of(vectors, samples)
+    assert [aggregator.weight(c) for c in contributions] == [10.0, 30.0, 60.0]
     # (10*1 + 60*2) / 100 = 1.3, (30*1 + 60*2) / 100 = 1.5
     np.testing.assert_array_equal(
-        aggregator.aggregate(vectors, samples), np.array([1.3, 1.5], np.float32)
+        aggregator.aggregate(contributions), np.array([1.3, 1.5], np.float32)
     )
     uniform = Mean()
-    assert uniform.linear is True and [uniform.weight(n) for n in samples] == [1.0, 1.0, 1.0]
+    assert uniform.linear is True
+    assert [uniform.weight(c) for c in contributions] == [1.0, 1.0, 1.0]
     np.testing.assert_array_equal(
-        uniform.aggregate(vectors, samples), np.array([1.0, 1.0], np.float32)
+        uniform.aggregate(contributions), np.array([1.0, 1.0], np.float32)
     )
 
 
@@ -104,9 +107,10 @@ def test_aggregator_classes_equal_streaming_fold():
     samples = [int(n) for n in rng.integers(1, 50, size=9)]
     for aggregator in (WeightedMean(), Mean()):
         accumulator = LinearAccumulator()
-        for vector, n in zip(vectors, samples, strict=True):
-            accumulator.add(vector, aggregator.weight(n))
-        assert accumulator.result().tobytes() == aggregator.aggregate(vectors, samples).tobytes()
+        contributions = contributions_of(vectors, samples)
+        for contribution in contributions:
+            accumulator.add(contribution.update, aggregator.weight(contribution))
+        assert accumulator.result().tobytes() == aggregator.aggregate(contributions).tobytes()
 
 
 def test_integer_sums_are_exact_and_independent_of_grouping():
@@ -118,7 +122,9 @@ def test_integer_sums_are_exact_and_independent_of_grouping():
     # any grouping (as tasks that pre-sum their clients would make) gives the same integers
     regrouped = total([total(vectors[:3]), total(vectors[3:])])
     assert regrouped.tobytes() == whole.tobytes()
-    assert Sum().aggregate(vectors, [5] * 7).tobytes() == whole.tobytes()  # unweighted
+    assert (
+        Sum().aggregate(contributions_of(vectors, [5] * 7)).tobytes() == whole.tobytes()
+    )  # unweighted
 
 
 def test_registry_builds_the_aggregators():
@@ -133,7 +139,7 @@ def test_zero_total_weight_raises():
     with pytest.raises(ValueError, match="no client update with positive weight"):
         mean([])
     with pytest.raises(ValueError, match="no client update with positive weight"):
-        WeightedMean().aggregate(_vectors([1.0], [2.0]), [0, 0])
+        WeightedMean().aggregate(contributions_of(_vectors([1.0], [2.0]), [0, 0]))
     with pytest.raises(ValueError, match="no client update with positive weight"):
         LinearAccumulator().result()
 

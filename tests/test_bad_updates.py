@@ -1,6 +1,7 @@
 """Bad client updates are rejected before aggregation, counted and logged with the client id.
 
-Unit tests of raysim.core.validation for every algorithm's message format, then the server:
+Unit tests of every built-in codec's checks (raysim.core.codecs) and of the engine's generic
+checks (raysim.core.validation), then the server:
 a client sending NaNs, a vector of the wrong shape or dtype, or FRL positions that are not a
 permutation is skipped, and the round ends with exactly the state of the same round without
 that client (np.array_equal), on the local backend, for FedAvg and FRL.
@@ -15,18 +16,20 @@ import numpy as np
 import pytest
 
 from raysim.core import validation
+from raysim.core.codecs import Dense, Ranks, Signs, TopK, VectorLayout, not_a_permutation
 from raysim.core.rankcodec import pack
 from raysim.core.state import ClientUpdate, RoundInfo
-from raysim.core.validation import (
-    DENSE,
-    RANKS,
-    SIGNS,
-    SPARSE,
-    UpdateSpec,
-    check_decoded,
-    check_message,
-    not_a_permutation,
-)
+
+
+def check_message(codec_and_layout, message):
+    codec, layout = codec_and_layout
+    return codec.check(message, layout)
+
+
+def check_decoded(codec_and_layout, vector):
+    codec, layout = codec_and_layout
+    return validation.check_decoded(codec, layout, vector)
+
 
 # --- the checks, one format at a time --------------------------------------------------------
 
@@ -49,7 +52,7 @@ def test_permutation_check_is_exact():
     assert not_a_permutation(np.zeros(0, dtype=np.int64), 0) is None
 
 
-DENSE_SPEC = UpdateSpec(DENSE, 6, np.dtype(np.float32))
+DENSE_SPEC = (Dense(), VectorLayout(6, np.dtype(np.float32)))
 
 
 @pytest.mark.parametrize(
@@ -76,7 +79,7 @@ def test_dense_updates(message, expected):
 
 
 def test_sign_updates():
-    spec = UpdateSpec(SIGNS, 20, np.dtype(np.int8))
+    spec = (Signs(), VectorLayout(20, np.dtype(np.float32)))
     assert check_message(spec, np.zeros(3, dtype=np.uint8)) is None
     assert "has 2 entries, expected 3" in check_message(spec, np.zeros(2, dtype=np.uint8))
     assert "dtype" in check_message(spec, np.zeros(3, dtype=np.uint16))
@@ -84,7 +87,7 @@ def test_sign_updates():
 
 
 def test_sparse_updates():
-    spec = UpdateSpec(SPARSE, 10, np.dtype(np.float32), kept=3)
+    spec = (TopK(fraction=0.3), VectorLayout(10, np.dtype(np.float32)))
 
     def message(values=(1.0, -2.0, 0.5), indices=(0, 4, 9), dtype=np.float32):
         return {"values": np.array(values, dtype=dtype), "indices": np.array(indices, np.int32)}
@@ -103,7 +106,7 @@ def test_sparse_updates():
 
 def test_rank_updates():
     sizes = (5, 300)
-    spec = UpdateSpec(RANKS, sum(sizes), np.dtype(np.int64), layer_sizes=sizes)
+    spec = (Ranks(), VectorLayout(sum(sizes), np.dtype(np.int64), sizes))
     rng = np.random.default_rng(1)
     perms = [rng.permutation(n) for n in sizes]
     good = [pack(p, n) for p, n in zip(perms, sizes, strict=True)]
@@ -124,9 +127,15 @@ def test_rank_updates():
 def test_num_samples_must_be_a_count():
     for samples in (-1, 2.5, True, None):
         update = ClientUpdate(client_id=3, num_samples=samples, message=np.zeros(6, np.float32))
-        assert "num_samples" in validation.check_update(DENSE_SPEC, update)
+        assert "num_samples" in validation.check_update(*DENSE_SPEC, update)
     fine = ClientUpdate(client_id=3, num_samples=np.int64(4), message=np.zeros(6, np.float32))
-    assert validation.check_update(DENSE_SPEC, fine) is None
+    assert validation.check_update(*DENSE_SPEC, fine) is None
+
+
+def test_declared_stats_must_be_finite_numbers():
+    for stats, expected in (({"a": float("nan")}, "finite"), ({"a": "x"}, "a str"), ([], "list")):
+        update = ClientUpdate(3, 4, np.zeros(6, np.float32), stats=stats)
+        assert expected in validation.check_update(*DENSE_SPEC, update)
 
 
 # --- the server: rejected, logged, and the round equals the round without that client --------
@@ -181,7 +190,7 @@ def _non_permutation(message, backend):
     algorithm, ctx = backend.server.algorithm, backend.ctx
     sizes = algorithm.layer_sizes(ctx)
     layer = len(sizes) - 1
-    positions = algorithm.decode_update(message, ctx)
+    positions = backend.server.codec.decode(message, backend.server.layout)
     start = sum(sizes[:layer])
     positions[start] = positions[start + 1]
     return [*message[:layer], pack(positions[start:], sizes[layer])]
@@ -193,7 +202,8 @@ def _out_of_range(message, backend):
     sizes = algorithm.layer_sizes(ctx)
     layer = next(i for i, n in enumerate(sizes) if n & (n - 1))
     start = sum(sizes[:layer])
-    positions = algorithm.decode_update(message, ctx)[start : start + sizes[layer]].copy()
+    decoded = backend.server.codec.decode(message, backend.server.layout)
+    positions = decoded[start : start + sizes[layer]].copy()
     positions[0] = sizes[layer]
     bits = int(sizes[layer] - 1).bit_length()
     packed = np.packbits(

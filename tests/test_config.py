@@ -151,7 +151,10 @@ def test_round_trip_of_the_defaults(tmp_path):
             r"'clients\.per_task' must be 'auto' or an integer >= 1, got 'autox'",
         ),
         ("clients.per_task=1.5", r"'clients\.per_task' expects int \| str, got 1\.5"),
-        ("runtime.backend=foo", r"'runtime\.backend' must be 'ray' or 'local', got 'foo'"),
+        (
+            "runtime.backend=foo",
+            r"'runtime\.backend' must be one of local, ray or package\.module:Class, got 'foo'",
+        ),
         ("runtime.num_cpus=0", r"'runtime\.num_cpus' must be >= 1, got 0"),
         ("partition.alpha=0", r"'partition\.alpha' must be > 0, got 0\.0"),
         ("run.seed=-1", r"'run\.seed' must be >= 0, got -1"),

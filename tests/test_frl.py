@@ -27,6 +27,7 @@ from raysim.core.aggregators import total
 from raysim.core.algorithm import RunContext
 from raysim.core.loop import run
 from raysim.core.sampling import model_init_seed
+from raysim.core.validation import wire_format
 from raysim.errors import ConfigError
 from raysim.models.supermask import (
     SupermaskConv2d,
@@ -311,7 +312,8 @@ def test_vote_on_a_hand_computed_example():
     state = algorithm.init_server(ctx)
     messages = [[rankcodec.pack(np.array(p), 6)] for p in expected_positions]
     assert [m[0].nbytes for m in messages] == [3, 3, 3]  # 6 entries x 3 bits = 18 bits
-    decoded = [algorithm.decode_update(m, ctx) for m in messages]
+    codec, layout = wire_format(algorithm, ctx)
+    decoded = [codec.decode(m, layout) for m in messages]
     aggregate = total(decoded)
     assert aggregate.dtype == np.int64 and aggregate.tolist() == expected_sum
     new_state = algorithm.server_update(state, aggregate, ctx)
@@ -333,11 +335,15 @@ def test_client_update_sends_packed_positions_and_an_empty_client_votes_for_r_g(
     )
     assert empty.num_samples == 0 and math.isnan(empty.metrics["loss"])
     global_positions = np.concatenate([positions_of(r) for r in algorithm.rankings(state)])
-    assert np.array_equal(algorithm.decode_update(empty.message, ctx), global_positions)
+    codec, layout = wire_format(algorithm, ctx)
+    assert np.array_equal(
+        codec.decode(codec.encode(empty.message, layout), layout), global_positions
+    )
     x, y = torch.randn(24, 64), torch.arange(24) % 10
     update = algorithm.client_update(payload, x, y, 3, torch.Generator().manual_seed(1), ctx)
-    assert [m.nbytes for m in update.message] == [rankcodec.packed_nbytes(n) for n in LAYER_SIZES]
-    positions = algorithm.decode_update(update.message, ctx)
+    message = codec.encode(update.message, layout)
+    assert [m.nbytes for m in message] == [rankcodec.packed_nbytes(n) for n in LAYER_SIZES]
+    positions = codec.decode(message, layout)
     for layer_positions in np.split(positions, [LAYER_SIZES[0]]):
         assert np.array_equal(np.sort(layer_positions), np.arange(len(layer_positions)))
     assert not np.array_equal(positions, global_positions)  # training moved the ranking

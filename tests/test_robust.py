@@ -13,8 +13,11 @@ import torch
 from raysim import config, registry
 from raysim.algorithms.fedavg import FedAvg
 from raysim.algorithms.signsgd import SignSGD, majority_vote, pack_signs, unpack_signs
-from raysim.algorithms.topk import TopK, densify, num_kept, top_k
+from raysim.algorithms.topk import TopK, num_kept, top_k
+from raysim.core.aggregators import contributions_of
 from raysim.core.algorithm import RunContext
+from raysim.core.codecs import TopK as TopKCodec
+from raysim.core.codecs import VectorLayout
 from raysim.core.payload import encoded_nbytes
 from raysim.core.robust import (
     Median,
@@ -25,6 +28,7 @@ from raysim.core.robust import (
     trimmed_mean,
 )
 from raysim.core.state import RoundInfo, ServerState
+from raysim.core.validation import wire_format
 from raysim.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -80,29 +84,36 @@ def test_trimmed_mean_beta_defaults_to_the_rounds_malicious_count():
     aggregator = registry.aggregators.build("trimmed_mean")
     assert isinstance(aggregator, TrimmedMean) and aggregator.linear is False
     # 1 malicious of 5: beta = 1
-    np.testing.assert_array_equal(aggregator.aggregate(FIVE, [1] * 5, _info(5, 1)), [2.0, 1.0])
+    np.testing.assert_array_equal(
+        aggregator.aggregate(contributions_of(FIVE, [1] * 5), _info(5, 1)), [2.0, 1.0]
+    )
     # no malicious client: beta = 0, the plain (unweighted: weights are ignored) mean
     np.testing.assert_array_equal(
-        aggregator.aggregate(FIVE, [9, 1, 1, 1, 1], _info(5, 0)), np.float32([11.2, 1.6])
+        aggregator.aggregate(contributions_of(FIVE, [9, 1, 1, 1, 1]), _info(5, 0)),
+        np.float32([11.2, 1.6]),
     )
     # an explicit beta wins over the round's count
     fixed = TrimmedMean(beta=1)
-    np.testing.assert_array_equal(fixed.aggregate(FIVE, [1] * 5, _info(5, 0)), [2.0, 1.0])
+    np.testing.assert_array_equal(
+        fixed.aggregate(contributions_of(FIVE, [1] * 5), _info(5, 0)), [2.0, 1.0]
+    )
 
 
 def test_trimmed_mean_config_errors():
     with pytest.raises(ConfigError, match="aggregator.beta"):
         TrimmedMean(beta=-1)
     with pytest.raises(ConfigError, match="2\\*beta < clients per round"):
-        TrimmedMean(beta=3).aggregate(FIVE, [1] * 5, _info(5, 0))
+        TrimmedMean(beta=3).aggregate(contributions_of(FIVE, [1] * 5), _info(5, 0))
     with pytest.raises(ValueError, match="no RoundInfo"):
-        TrimmedMean().aggregate(FIVE, [1] * 5, None)
+        TrimmedMean().aggregate(contributions_of(FIVE, [1] * 5), None)
 
 
 def test_median_aggregator_is_registered():
     aggregator = registry.aggregators.build("median")
     assert isinstance(aggregator, Median) and aggregator.linear is False
-    np.testing.assert_array_equal(aggregator.aggregate(FIVE, [1] * 5, _info(5, 2)), [2.0, 1.0])
+    np.testing.assert_array_equal(
+        aggregator.aggregate(contributions_of(FIVE, [1] * 5), _info(5, 2)), [2.0, 1.0]
+    )
 
 
 # --- Multi-Krum ----------------------------------------------------------------------------------
@@ -143,11 +154,17 @@ def test_multi_krum_defaults_to_the_rounds_malicious_count():
     aggregator = registry.aggregators.build("multi_krum")
     assert isinstance(aggregator, MultiKrum) and aggregator.linear is False
     # 1 malicious of 5: f = 1, m = n - f = 4 -> (1 + 0 + 2 + 10) / 4
-    np.testing.assert_array_equal(aggregator.aggregate(KRUM, [1] * 5, _info(5, 1)), [3.25, 0.0])
+    np.testing.assert_array_equal(
+        aggregator.aggregate(contributions_of(KRUM, [1] * 5), _info(5, 1)), [3.25, 0.0]
+    )
     # no malicious: f = 0, m = 5: every update, the plain mean (-7 / 5)
-    np.testing.assert_allclose(aggregator.aggregate(KRUM, [1] * 5, _info(5, 0)), [-1.4, 0.0])
+    np.testing.assert_allclose(
+        aggregator.aggregate(contributions_of(KRUM, [1] * 5), _info(5, 0)), [-1.4, 0.0]
+    )
     explicit = MultiKrum(num_byzantine=0, num_selected=2)
-    np.testing.assert_array_equal(explicit.aggregate(KRUM, [1] * 5, _info(5, 1)), [1.5, 0.0])
+    np.testing.assert_array_equal(
+        explicit.aggregate(contributions_of(KRUM, [1] * 5), _info(5, 1)), [1.5, 0.0]
+    )
 
 
 def test_multi_krum_errors():
@@ -156,7 +173,7 @@ def test_multi_krum_errors():
     with pytest.raises(ValueError, match="1 <= m <= n"):
         multi_krum(KRUM, f=1, m=6)
     with pytest.raises(ConfigError, match="at least f \\+ 3 = 6 updates"):
-        MultiKrum(num_byzantine=3).aggregate(KRUM, [1] * 5, _info(5, 0))
+        MultiKrum(num_byzantine=3).aggregate(contributions_of(KRUM, [1] * 5), _info(5, 0))
     with pytest.raises(ConfigError, match="num_selected"):
         MultiKrum(num_selected=0)
     with pytest.raises(ConfigError, match="num_byzantine"):
@@ -193,11 +210,20 @@ def client_data():
 
 
 def _client_update(algorithm, ctx, client_data):
-    """One client's update from the initial global model, with a fixed generator."""
+    """One client's update from the initial global model, with a fixed generator, encoded as
+    the client task sends it (the algorithm's codec)."""
     state = algorithm.init_server(ctx)
     payload = algorithm.server_payload(state)
     x, y = client_data
-    return algorithm.client_update(payload, x, y, 3, torch.Generator().manual_seed(7), ctx)
+    update = algorithm.client_update(payload, x, y, 3, torch.Generator().manual_seed(7), ctx)
+    codec, layout = wire_format(algorithm, ctx)
+    update.message = codec.encode(update.message, layout)
+    return update
+
+
+def _decode(algorithm, ctx, message):
+    codec, layout = wire_format(algorithm, ctx)
+    return codec.decode(message, layout)
 
 
 def test_sign_packing_is_one_bit_per_parameter():
@@ -229,7 +255,7 @@ def test_signsgd_client_sends_ceil_d_over_8_bytes(ctx, client_data):
     assert encoded_nbytes(update.message) == math.ceil(NUM_PARAMS / 8) == 1202
     # the decoded signs are exactly those of FedAvg's delta for the same client and generator
     delta = _client_update(FedAvg(), ctx, client_data).message
-    decoded = signsgd.decode_update(update.message, ctx)
+    decoded = _decode(signsgd, ctx, update.message)
     assert decoded.dtype == np.int8 and decoded.shape == (NUM_PARAMS,)
     np.testing.assert_array_equal(decoded, np.where(delta >= 0, 1, -1))
 
@@ -262,7 +288,9 @@ def test_top_k_hand_computed():
     assert message["indices"].tolist() == [1, 3]
     assert message["values"].tolist() == [-3.0, 2.0]
     assert encoded_nbytes(message) == 16  # 8 bytes per kept entry
-    np.testing.assert_array_equal(densify(message, 5), [0.0, -3.0, 0.0, 2.0, 0.0])
+    np.testing.assert_array_equal(
+        TopKCodec().decode(message, VectorLayout(5)), [0.0, -3.0, 0.0, 2.0, 0.0]
+    )
     # equal magnitudes: the lower index wins, so the message is deterministic
     assert top_k(np.array([1.0, -1.0, 1.0], np.float32), 2)["indices"].tolist() == [0, 1]
 
@@ -278,7 +306,7 @@ def test_topk_client_sends_8k_bytes_and_decodes_exactly(ctx, client_data):
     update = _client_update(topk, ctx, client_data)
     assert encoded_nbytes(update.message) == 8 * 961
     delta = _client_update(FedAvg(), ctx, client_data).message
-    decoded = topk.decode_update(update.message, ctx)
+    decoded = _decode(topk, ctx, update.message)
     kept = update.message["indices"]
     assert decoded.dtype == np.float32 and decoded.shape == (NUM_PARAMS,)
     np.testing.assert_array_equal(decoded[kept], delta[kept])

@@ -18,7 +18,7 @@ from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.metrics import evaluate_classifier
-from raysim.models.vector import build_model, cached_model, get_vector, set_vector
+from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
 from raysim.runtime.devices import autocast, client_device
 
 
@@ -67,9 +67,11 @@ def local_sgd(
 
 
 class _DeltaAveraging:
-    """Shared by FedAvg and FedProx: dense float32 weights down, dense deltas up."""
+    """Shared by FedAvg, FedProx, SignSGD and TopK: dense float32 weights down, the delta up
+    in the run's codec (`codec:`; default dense float32, SignSGD's signs, TopK's top-k)."""
 
     default_aggregator = "weighted_mean"
+    default_codec = "dense"
 
     def __init__(self, proximal_mu: float, mixed_precision: bool = False) -> None:
         if proximal_mu < 0:
@@ -105,19 +107,13 @@ class _DeltaAveraging:
             x, y = x.to(device), y.to(device)
             loss = local_sgd(model, x, y, generator, ctx, self.proximal_mu, self.mixed_precision)
         delta = get_vector(model) - payload
+        # The task encodes the delta with the run's codec (raysim.core.codecs).
         return ClientUpdate(
-            client_id=client_id,
-            num_samples=len(y),
-            message=self.encode_delta(delta),
-            metrics={"loss": loss},
+            client_id=client_id, num_samples=len(y), message=delta, metrics={"loss": loss}
         )
 
-    def encode_delta(self, delta: np.ndarray):
-        """What the client sends for its delta; compressing variants override this pair."""
-        return delta  # dense float32
-
-    def decode_update(self, message: np.ndarray, ctx: RunContext) -> np.ndarray:
-        return message  # dense float32 on the wire already
+    def update_layout(self, ctx: RunContext):
+        return model_layout(ctx)
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext

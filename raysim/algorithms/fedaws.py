@@ -602,7 +602,9 @@ class FedAwS(_ClassEmbeddingMethod):
         )
 
     # --- server update ----------------------------------------------------------------------------
-    def server_update(self, state: ServerState, aggregate: dict, ctx: RunContext) -> ServerState:
+    def server_update(self, state: ServerState, aggregate: dict, ctx: RunContext):
+        """The next state and the seconds of the phases timed here (index_s, spreadout_s)."""
+        self.server_times = {}
         params, slots = self._theta_step(state, aggregate, ctx)
         classes = state.arrays["class_embeddings"]
         if self.train_class_embeddings and len(aggregate["class_ids"]):
@@ -613,7 +615,7 @@ class FedAwS(_ClassEmbeddingMethod):
             # have their returned rows averaged).
             classes[ids] = _normalize_rows(aggregate["class_rows"] / (_FIXED_SCALE * counts))
             classes = self._spreadout_step(classes, ids, state.round, ctx)
-        return ServerState(
+        next_state = ServerState(
             state.round + 1,
             {
                 "params": params,
@@ -621,6 +623,7 @@ class FedAwS(_ClassEmbeddingMethod):
                 **server_optimizers.slot_arrays(slots),
             },
         )
+        return next_state, dict(self.server_times)
 
     def _spreadout_step(
         self, classes: np.ndarray, updated: np.ndarray, round_index: int, ctx: RunContext

@@ -4,18 +4,19 @@ with (FedAvg, uniform averaging, FedProx), on one training and evaluation path.
 
 Round t: every sampled client starts from the global weights, trains E local epochs with the
 multi-label loss (Asymmetric Loss by default; Adam + OneCycleLR as in the paper) and sends its
-delta together with its label statistics: the number of distinct labels present in its data and
-its number of positive labels. The server combines the deltas with one weight per client:
+delta together with its label statistics: the share of the labels present in its data and its
+number of positive labels, declared beside the update (`ClientUpdate.stats`), not inside it.
+The aggregator (`label_weighted`, this module) combines the deltas with one weight per client:
 
     FLAG     w_c = label_weights(D, O, alpha)_c   (see `label_weights`: a reconstruction)
     FedAvg   w_c = n_c / sum n                    (samples)
     uniform  w_c = 1 / K
 
-Because the weights need every client's statistics, the server collects the round's updates
-(`aggregator: auto` = 'stack') and weights them itself in `server_update`, in client-id order.
-The server also keeps each client's latest local model so that AmAP / WmAP (each client's own
-model on its own validation split) can be measured; GmAP evaluates the global model on every
-client's validation split (raysim.metrics_multilabel).
+FLAG needs its weighting (another aggregator would ignore the statistics and is refused);
+the samples / uniform variants compose with any aggregator (e.g. trimmed_mean). The server
+also keeps each client's latest local model (`observe_contributions`) so that AmAP / WmAP
+(each client's own model on its own validation split) can be measured; GmAP evaluates the
+global model on every client's validation split (raysim.metrics_multilabel).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import nn
 
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
-from raysim.core.state import ClientUpdate, RoundInfo, ServerState
+from raysim.core.state import ClientUpdate, Contribution, RoundInfo, ServerState
 from raysim.errors import ConfigError
 from raysim.losses import multilabel_loss
 from raysim.metrics_multilabel import (
@@ -38,7 +39,7 @@ from raysim.metrics_multilabel import (
     predict_scores,
     summarise_clients,
 )
-from raysim.models.vector import build_model, cached_model, get_vector, set_vector
+from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
 
 WEIGHTINGS = ("flag", "samples", "uniform")
 OPTIMIZERS = ("adam", "sgd")
@@ -66,7 +67,7 @@ def label_weights(wideness: np.ndarray, occurrence: np.ndarray, alpha: float) ->
 
 
 def label_statistics(y: torch.Tensor | np.ndarray) -> np.ndarray:
-    """What a client sends beside its model: [distinct labels present, positive labels] int64."""
+    """A client's label counts: [distinct labels present, positive labels] int64."""
     y = np.asarray(y) != 0
     if y.ndim != 2:
         raise ConfigError(
@@ -77,30 +78,53 @@ def label_statistics(y: torch.Tensor | np.ndarray) -> np.ndarray:
     return np.array([int((counts > 0).sum()), int(counts.sum())], dtype=np.int64)
 
 
-class StackUpdates:
-    """Aggregator 'stack': hands the round's decoded updates to the algorithm unreduced.
+def declared_stats(y: torch.Tensor | np.ndarray, num_labels: int) -> dict[str, float]:
+    """What a client declares beside its update: its label wideness D_c (share of the labels
+    it holds) and occurrence O_c (positive labels)."""
+    distinct, positives = label_statistics(y).tolist()
+    return {"label_wideness": distinct / num_labels, "positive_labels": float(positives)}
 
-    For algorithms that weight clients by statistics known only once every update is in (FLAG);
-    the algorithm's `server_update` combines them, in client-id order.
-    """
+
+class LabelWeightedMean:
+    """Aggregator 'label_weighted': sum_c w_c * update_c with one weight per client from the
+    round's declared statistics (`weighting`: flag = FLAG's label weights, samples = n_c / sum
+    n, uniform = 1 / K), in client-id order, in float64. Non-linear: FLAG's weights are
+    normalised over the round, so the whole round is needed."""
 
     linear = False
-    normalize = False
 
-    def weight(self, num_samples: int) -> float:
-        return 1.0
+    def __init__(self, *, weighting: str = "flag", alpha: float = 0.3) -> None:
+        self.weighting = _check_choice("weighting", weighting, WEIGHTINGS)
+        if not 0.0 <= alpha <= 1.0:
+            raise ConfigError(f"'alpha' must be in [0, 1], got {alpha}")
+        self.alpha = float(alpha)
+
+    def client_weights(self, contributions: Sequence[Contribution]) -> np.ndarray:
+        """One weight per contribution (summing to 1)."""
+        if self.weighting == "flag":
+            missing = [c.client_id for c in contributions if "label_wideness" not in c.stats]
+            if missing:
+                raise ConfigError(
+                    f"aggregator 'label_weighted' (weighting flag) needs each client's declared "
+                    f"label statistics; client {missing[0]} sent none (use a multi-label "
+                    f"algorithm such as flag)"
+                )
+            wideness = np.array([c.stats["label_wideness"] for c in contributions])
+            occurrence = np.array([c.stats["positive_labels"] for c in contributions])
+            return label_weights(wideness, occurrence, self.alpha)
+        num_samples = np.array([c.num_samples for c in contributions], dtype=np.float64)
+        if self.weighting == "samples":
+            return num_samples / num_samples.sum()
+        return np.full(len(num_samples), 1.0 / len(num_samples))
 
     def aggregate(
-        self, vectors: Sequence[np.ndarray], weights: Sequence[float], info: RoundInfo | None = None
-    ) -> dict:
-        ids = np.asarray(info.client_ids if info is not None else range(len(vectors)))
-        if len(ids) != len(vectors):
-            raise ValueError(f"{len(vectors)} updates for {len(ids)} clients")
-        return {
-            "updates": list(vectors),
-            "num_samples": np.asarray(weights, dtype=np.float64),
-            "client_ids": ids.astype(np.int64),
-        }
+        self, contributions: Sequence[Contribution], info: RoundInfo | None = None
+    ) -> np.ndarray:
+        weights = self.client_weights(contributions)
+        combined = np.zeros(len(contributions[0].update), dtype=np.float64)
+        for weight, contribution in zip(weights, contributions, strict=True):  # client-id order
+            combined += weight * contribution.update.astype(np.float64)
+        return combined.astype(np.float32)
 
 
 def local_multilabel_training(
@@ -201,7 +225,7 @@ def _check_choice(key: str, value: str, choices: Sequence[str]) -> str:
 class MultiLabelAveraging:
     """Multi-label FedAvg family: FedAvg (weighting 'samples'), uniform, FLAG, FedProx (mu)."""
 
-    default_aggregator = "stack"
+    default_codec = "dense"
 
     def __init__(
         self,
@@ -229,18 +253,26 @@ class MultiLabelAveraging:
         self.schedule = _check_choice("schedule", schedule, SCHEDULES)
         # AmAP/WmAP need each client's latest local model: kept in the server state (K x model).
         self.keep_client_models = keep_client_models
-        self.last_weights: dict[int, float] = {}
+        # `aggregator: auto`: the weighting named by this algorithm's options.
+        self.default_aggregator = LabelWeightedMean(weighting=self.weighting, alpha=self.alpha)
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return multilabel_loss(*self.loss_options)(logits, targets)
 
-    def init_server(self, ctx: RunContext) -> ServerState:
-        if ctx.config.aggregator.name not in ("auto", "stack"):
-            raise ConfigError(
-                f"algorithm '{ctx.config.algorithm.name}' weights clients itself "
-                f"(weighting: {self.weighting}); 'aggregator.name' must be auto, got "
-                f"'{ctx.config.aggregator.name}'"
+    def check_aggregator(self, aggregator, ctx: RunContext) -> str | None:
+        """FLAG's weighting needs the declared label statistics, which only label_weighted
+        uses; the samples / uniform variants compose with any aggregator."""
+        if self.weighting == "flag" and not isinstance(aggregator, LabelWeightedMean):
+            return (
+                "FLAG weights clients by their declared label statistics, which this "
+                "aggregator ignores; use aggregator auto (or label_weighted)"
             )
+        return None
+
+    def update_layout(self, ctx: RunContext):
+        return model_layout(ctx)
+
+    def init_server(self, ctx: RunContext) -> ServerState:
         params = get_vector(build_model(ctx))
         slots = server_optimizers.from_config(ctx.config).init(params)
         return ServerState(0, {"params": params, **server_optimizers.slot_arrays(slots)})
@@ -268,47 +300,39 @@ class MultiLabelAveraging:
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
-            message={"delta": delta, "label_stats": label_statistics(y.numpy())},
+            message=delta,
             metrics={"loss": loss},
+            stats=declared_stats(y.numpy(), ctx.num_classes),
         )
 
-    def decode_update(self, message: dict, ctx: RunContext) -> np.ndarray:
-        # [delta..., distinct labels, positive labels] in float64 (counts are exact below 2^53)
-        return np.concatenate(
-            [message["delta"].astype(np.float64), message["label_stats"].astype(np.float64)]
-        )
-
-    def client_weights(self, stats: np.ndarray, num_samples: np.ndarray, ctx) -> np.ndarray:
-        """One weight per client of the round (summing to 1) for the configured weighting."""
-        if self.weighting == "flag":
-            return label_weights(stats[:, 0] / ctx.num_classes, stats[:, 1], self.alpha)
-        if self.weighting == "samples":
-            return num_samples / num_samples.sum()
-        return np.full(len(num_samples), 1.0 / len(num_samples))
-
-    def server_update(self, state: ServerState, aggregate: dict, ctx: RunContext) -> ServerState:
-        stacked = aggregate["updates"]
-        stats = np.stack([vector[-2:] for vector in stacked])
-        weights = self.client_weights(stats, aggregate["num_samples"], ctx)
-        params = state.arrays["params"]
-        combined = np.zeros(len(params), dtype=np.float64)
-        for weight, vector in zip(weights, stacked, strict=True):  # client-id order
-            combined += weight * vector[:-2]
-        self.last_weights = dict(
-            zip(aggregate["client_ids"].tolist(), weights.tolist(), strict=True)
-        )
+    def server_update(
+        self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
+    ) -> ServerState:
         optimizer = server_optimizers.from_config(ctx.config)
         slots = server_optimizers.slots_of(state.arrays)
-        new_params, slots = optimizer.step(params, combined.astype(np.float32), slots)
+        new_params, slots = optimizer.step(state.arrays["params"], aggregate, slots)
         arrays = {"params": new_params, **server_optimizers.slot_arrays(slots)}
         for key, value in state.arrays.items():
             if key.startswith(CLIENT_MODEL_PREFIX):
                 arrays[key] = value
-        if self.keep_client_models:
-            for client, vector in zip(aggregate["client_ids"].tolist(), stacked, strict=True):
-                local = params.astype(np.float64) + vector[:-2]
-                arrays[f"{CLIENT_MODEL_PREFIX}{client}"] = local.astype(np.float32)
         return ServerState(state.round + 1, arrays)
+
+    def observe_contributions(
+        self,
+        previous: ServerState,
+        state: ServerState,
+        contributions: Sequence[Contribution],
+        ctx: RunContext,
+    ) -> ServerState:
+        """Keep each client's latest local model (global + its delta) for AmAP / WmAP."""
+        if not self.keep_client_models:
+            return state
+        params = previous.arrays["params"]
+        arrays = dict(state.arrays)
+        for contribution in contributions:
+            local = params.astype(np.float64) + contribution.update.astype(np.float64)
+            arrays[f"{CLIENT_MODEL_PREFIX}{contribution.client_id}"] = local.astype(np.float32)
+        return ServerState(state.round, arrays)
 
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from raysim.core.algorithm import RunContext
+from raysim.core.codecs import VectorLayout
 from raysim.core.rankcodec import pack, unpack
 from raysim.core.sampling import model_init_seed
 from raysim.core.state import ClientUpdate, ServerState
@@ -110,6 +111,8 @@ class FRL:
     """Federated Rank Learning; aggregate with `sum` (the vote), the default."""
 
     default_aggregator = "sum"
+    default_codec = "ranks"
+    configurable_codec = False  # rank positions only make sense bit-packed as ranks
 
     def __init__(
         self,
@@ -171,19 +174,22 @@ class FRL:
             "rankings": [pack(ranking, len(ranking)) for ranking in self.rankings(state)],
         }
 
-    def decode_update(self, message: Sequence[np.ndarray], ctx: RunContext) -> np.ndarray:
-        """Unpack the positions of every layer into one int64 vector (layer order)."""
-        sizes = self.layer_sizes(ctx)
-        if len(message) != len(sizes):
-            raise ValueError(f"message has {len(message)} layers, the supernet has {len(sizes)}")
-        return np.concatenate(
-            [unpack(packed, n, n) for packed, n in zip(message, sizes, strict=True)]
-        )
+    def update_layout(self, ctx: RunContext) -> VectorLayout:
+        """Rank positions of every layer in one int64 vector (layer order); the `ranks` codec
+        bit-packs each layer (ceil(log2 n_l) bits an entry) and checks it is a permutation."""
+        sizes = tuple(int(n) for n in self.layer_sizes(ctx))
+        return VectorLayout(sum(sizes), np.dtype(np.int64), sizes)
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
     ) -> ServerState:
         return self._state(state.round + 1, vote(split_layers(aggregate, self.layer_sizes(ctx))))
+
+    def model_of(self, state: ServerState, ctx: RunContext) -> nn.Module:
+        """The global subnetwork: the seed's supernet masked by the voted rankings."""
+        supernet = self.supernet(ctx)
+        supernet.load_rankings(self.rankings(state))
+        return supernet.model
 
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
@@ -216,9 +222,8 @@ class FRL:
             rankings = [ranking_of(layer.scores.detach().numpy()) for layer in supernet.layers]
         else:  # nothing to learn from: vote for the current global ranking
             rankings = global_rankings
-        message = [
-            pack(positions_of(ranking), n) for ranking, n in zip(rankings, sizes, strict=True)
-        ]
+        # Positions of every layer, concatenated; the task bit-packs them (codec 'ranks').
+        message = np.concatenate([positions_of(ranking) for ranking in rankings])
         return ClientUpdate(
             client_id=client_id, num_samples=len(y), message=message, metrics={"loss": loss}
         )

@@ -26,8 +26,8 @@ from torch import nn
 
 from raysim.algorithms.flag import (
     MultiLabelAveraging,
+    declared_stats,
     evaluate_multilabel,
-    label_statistics,
     local_multilabel_training,
 )
 from raysim.core.algorithm import RunContext
@@ -132,20 +132,17 @@ class PersonalizedAveraging(MultiLabelAveraging):
             )
         trained = get_vector(model)
         store.put(client_id, {"personal": trained[mask]})
-        shared_delta = (trained - start)[~mask]  # only the shared entries are sent
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
-            message={"delta": shared_delta, "label_stats": label_statistics(y.numpy())},
+            message=trained - start,  # only the shared entries are sent (shared_mask)
             metrics={"loss": loss},
+            stats=declared_stats(y.numpy(), ctx.num_classes),
         )
 
-    def decode_update(self, message: dict, ctx: RunContext) -> np.ndarray:
-        mask = self.mask(ctx)
-        full = np.zeros(len(mask) + 2, dtype=np.float64)
-        full[:-2][~mask] = message["delta"]
-        full[-2:] = message["label_stats"]
-        return full
+    def shared_mask(self, ctx: RunContext) -> np.ndarray:
+        """The entries that cross the wire; the personal part stays in the store."""
+        return ~self.mask(ctx)
 
     def client_models(self, state: ServerState, ctx: RunContext) -> dict[int, np.ndarray]:
         store = ctx.client_state
@@ -267,8 +264,9 @@ class PerFedAvg(MultiLabelAveraging):
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
-            message={"delta": delta, "label_stats": label_statistics(y.numpy())},
+            message=delta,
             metrics={"loss": loss_sum / steps if steps else float("nan")},
+            stats=declared_stats(y.numpy(), ctx.num_classes),
         )
 
     def evaluate(

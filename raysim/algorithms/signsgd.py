@@ -26,21 +26,10 @@ import numpy as np
 
 from raysim.algorithms.fedavg import _DeltaAveraging
 from raysim.core.algorithm import RunContext
+from raysim.core.codecs import pack_signs, unpack_signs  # noqa: F401 - the wire format
 from raysim.core.state import ServerState
 from raysim.errors import ConfigError
 from raysim.models.vector import build_model, cached_model, get_vector, vector_size
-
-
-def pack_signs(vector: np.ndarray) -> np.ndarray:
-    """One bit per entry: 1 for >= 0, 0 for < 0; ceil(len / 8) bytes (uint8)."""
-    return np.packbits(np.asarray(vector) >= 0)
-
-
-def unpack_signs(bits: np.ndarray, size: int) -> np.ndarray:
-    """The int8 vector of +1 / -1 that `pack_signs` encoded."""
-    if len(bits) != (size + 7) // 8:
-        raise ValueError(f"{len(bits)} bytes of signs cannot hold exactly {size} parameters")
-    return (2 * np.unpackbits(bits, count=size).astype(np.int8) - 1).astype(np.int8)
 
 
 def majority_vote(signs: list[np.ndarray]) -> np.ndarray:
@@ -54,6 +43,7 @@ def num_params(ctx: RunContext) -> int:
 
 class SignSGD(_DeltaAveraging):
     default_aggregator = "sum"
+    default_codec = "signs"  # one bit per parameter (raysim.core.codecs.Signs)
 
     def __init__(self, *, server_lr: float = 0.01) -> None:
         if not server_lr > 0:
@@ -70,12 +60,6 @@ class SignSGD(_DeltaAveraging):
                 f"{server.optimizer}/{server.lr}/{server.momentum})"
             )
         return ServerState(0, {"params": get_vector(build_model(ctx))})
-
-    def encode_delta(self, delta: np.ndarray) -> np.ndarray:
-        return pack_signs(delta)
-
-    def decode_update(self, message: np.ndarray, ctx: RunContext) -> np.ndarray:
-        return unpack_signs(message, num_params(ctx))
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext

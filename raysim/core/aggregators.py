@@ -1,8 +1,14 @@
-"""Aggregators: pure functions from the round's decoded client updates to one vector.
+"""Aggregators: pure functions from the round's client contributions to one vector.
 
-An aggregator sees only dense vectors (the algorithm decodes what clients sent), their weights
-(number of training samples) and the round's facts (`RoundInfo`, e.g. how many sampled clients
-are malicious, which robust aggregators such as Multi-Krum are granted, as in the FRL paper).
+An aggregator sees each client's `Contribution` (client id, the decoded dense update, its
+number of training samples, the statistics it declared) and the round's facts (`RoundInfo`,
+e.g. how many sampled clients are malicious, which robust aggregators such as Multi-Krum are
+granted, as in the FRL paper). Contributions arrive in client-id order.
+
+The protocol (a plug-in may implement either form):
+    linear = True:  weight(contribution) -> float, normalize: bool; the server folds
+                    weight * update in as updates arrive (O(model) memory)
+    linear = False: aggregate(contributions, info) -> np.ndarray, given the whole round
 
 Linear aggregators (mean, weighted mean, sum) also come as a streaming accumulator so the server
 can fold updates in as they arrive and hold O(model) memory instead of O(clients x model). The
@@ -18,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from raysim.core.state import RoundInfo
+from raysim.core.state import Contribution, RoundInfo
 
 
 class LinearAccumulator:
@@ -79,19 +85,36 @@ def total(vectors: Sequence[np.ndarray]) -> np.ndarray:
     return _fold(vectors, [1] * len(vectors), normalize=False)
 
 
+def contributions_of(
+    vectors: Sequence[np.ndarray], num_samples: Sequence[int] | None = None
+) -> list[Contribution]:
+    """Contributions of clients 0..n-1 (tests, attacks simulating the server's rule)."""
+    counts = [1] * len(vectors) if num_samples is None else list(num_samples)
+    if len(counts) != len(vectors):
+        raise ValueError(f"{len(vectors)} vectors but {len(counts)} sample counts")
+    return [
+        Contribution(i, vector, int(n))
+        for i, (vector, n) in enumerate(zip(vectors, counts, strict=True))
+    ]
+
+
 class LinearAggregator:
-    """Base of the streaming aggregators: weight per update, optional normalisation."""
+    """Base of the streaming aggregators: weight per contribution, optional normalisation."""
 
     linear = True
     normalize = True
 
-    def weight(self, num_samples: int) -> float:
+    def weight(self, contribution: Contribution) -> float:
         return 1.0
 
     def aggregate(
-        self, vectors: Sequence[np.ndarray], weights: Sequence[float], info: RoundInfo | None = None
+        self, contributions: Sequence[Contribution], info: RoundInfo | None = None
     ) -> np.ndarray:
-        return _fold(vectors, [self.weight(int(w)) for w in weights], self.normalize)
+        return _fold(
+            [c.update for c in contributions],
+            [self.weight(c) for c in contributions],
+            self.normalize,
+        )
 
 
 class Mean(LinearAggregator):
@@ -101,8 +124,8 @@ class Mean(LinearAggregator):
 class WeightedMean(LinearAggregator):
     """FedAvg's average, each client weighted by its number of training samples."""
 
-    def weight(self, num_samples: int) -> float:
-        return float(num_samples)
+    def weight(self, contribution: Contribution) -> float:
+        return float(contribution.num_samples)
 
 
 class Sum(LinearAggregator):
@@ -110,5 +133,5 @@ class Sum(LinearAggregator):
 
     normalize = False
 
-    def weight(self, num_samples: int) -> int:  # type: ignore[override]
+    def weight(self, contribution: Contribution) -> int:  # type: ignore[override]
         return 1

@@ -9,12 +9,14 @@ never the algorithm's.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from raysim import registry
 from raysim.config import Config
 from raysim.core.state import ClientUpdate, ServerState
 
@@ -34,6 +36,13 @@ class RunContext:
     # The explicit client state store (raysim.runtime.client_state) when the algorithm
     # declares `uses_client_state = True`; None otherwise.
     client_state: Any = field(default=None, compare=False)
+    # Plug-ins registered from the user's own code (raysim.registry.snapshot()): re-registered
+    # wherever this context is unpickled (server actor, client workers, shards), so a name
+    # registered in the driver resolves the same way everywhere.
+    plugins: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __reduce__(self):
+        return _restore_context, (tuple(getattr(self, f.name) for f in fields(self)),)
 
     @property
     def seed(self) -> int:
@@ -58,10 +67,19 @@ class RunContext:
         )
 
 
+def _restore_context(values: tuple) -> RunContext:
+    context = RunContext(*values)
+    registry.install(context.plugins)
+    return context
+
+
 class Algorithm(Protocol):
-    # Aggregator used when the config says `aggregator.name: auto` (e.g. FedAvg:
-    # 'weighted_mean'; FRL: 'sum', the vote over rank positions).
-    default_aggregator: str
+    """What every algorithm provides (checked when a run starts: `check_algorithm`)."""
+
+    # Aggregator used when the config says `aggregator.name: auto`: a registered name (FedAvg:
+    # 'weighted_mean'; FRL: 'sum', the vote over rank positions) or an aggregator object built
+    # from the algorithm's own options (FLAG's label weighting).
+    default_aggregator: Any
 
     def init_server(self, ctx: RunContext) -> ServerState: ...
 
@@ -77,37 +95,89 @@ class Algorithm(Protocol):
         generator: torch.Generator,
         ctx: RunContext,
     ) -> ClientUpdate:
-        """Local training of one client; pure given its inputs (runs inside a task)."""
-
-    def decode_update(self, message: Any, ctx: RunContext) -> np.ndarray:
-        """The dense vector the aggregator sees for one client's message (server side)."""
+        """Local training of one client; pure given its inputs (runs inside a task). Returns
+        the update as a flat vector in `message` (the task encodes it with the run's codec)
+        and any statistics the aggregator may weigh in `stats`."""
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
-    ) -> ServerState:
-        """Apply the aggregated update; returns the next round's state."""
+    ) -> ServerState | tuple[ServerState, Mapping[str, float]]:
+        """Apply the aggregated update; returns the next round's state, or (state,
+        diagnostics): seconds of server phases it timed itself, e.g. {'index_s': 0.2},
+        reported in the round's time split."""
 
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
     ) -> dict[str, float]: ...
 
 
-# Optional hooks. The engine checks for them with `getattr`, so the five methods above are all a
-# plain algorithm needs.
+REQUIRED_METHODS = ("init_server", "server_payload", "client_update", "server_update", "evaluate")
+
+# Optional hooks, each checked by `check_algorithm` when a run starts.
 #
+# Wire format (raysim.core.codecs):
+#     def update_layout(self, ctx) -> VectorLayout   size / dtype / segments of the update
+#         vector (without it the size is not checked); `default_codec` (a registered codec
+#         name or a codec object, default 'dense'); `configurable_codec = False` refuses a
+#         config's `codec:` (FRL's ranks); `shared_mask(ctx)` -> bool per entry: only those
+#         are sent (personal layers stay on the client).
+# Aggregation:
+#     def check_aggregator(self, aggregator, ctx) -> str | None   why a configured aggregator
+#         does not fit (FLAG needs its label weighting), or None.
+#     def observe_contributions(self, previous, state, contributions, ctx) -> ServerState
+#         called after server_update with the round's contributions (FLAG keeps each
+#         client's local model for AmAP).
 # Per-client payloads (FedAwS sends each client only its own class row):
 #     def client_payload(self, state, client_ids, client_classes) -> Sequence:
 #         one personal payload per client id, in the same order; `client_classes[i]` is the one
 #         class client_ids[i] holds (-1 unless the split puts one class per client). The
 #         client's `client_update` then receives `(broadcast_payload, personal_payload)`.
-#
 # In-task reduction (updates too large to send one per client):
-#     def task_reducer(self, ctx) -> reducer with .add(update: ClientUpdate) and
-#         .result() -> message; the task returns one ReducedUpdate instead of its updates.
+#     def task_reducer(self, ctx) -> reducer with .add(update: ClientUpdate) -> reason | None
+#         and .result() -> message; the task returns one ReducedUpdate instead of its updates.
 #     def merge_reduced(self, accumulated | None, message, ctx) -> accumulated;
 #         folded on the server in task order, must be exact (integer) so packing cannot matter.
 #     def finish_reduced(self, accumulated, ctx) -> aggregate handed to server_update.
 #     Such algorithms own their aggregation: `aggregator.name` must stay `auto`.
-#
-# Server-side phase timings: an algorithm may set `self.server_times = {"index_s": ...}` in
-# server_update; the server copies it into the round's time split.
+# Server state restored from a checkpoint: def state_restored(self, state, ctx) -> None.
+# Per-client state between rounds: `uses_client_state = True` (ctx.client_state).
+
+_HOOK_GROUPS = {
+    "task_reducer": ("task_reducer", "merge_reduced", "finish_reduced"),
+}
+_CALLABLE_HOOKS = (
+    "update_layout",
+    "shared_mask",
+    "check_aggregator",
+    "observe_contributions",
+    "client_payload",
+    "task_reducer",
+    "merge_reduced",
+    "finish_reduced",
+    "state_restored",
+)
+
+
+def check_algorithm(algorithm: Any, name: str) -> None:
+    """One line naming what is missing when `algorithm` does not meet the protocol."""
+    from raysim.errors import ConfigError
+
+    kind = type(algorithm).__name__
+    missing = [m for m in REQUIRED_METHODS if not callable(getattr(algorithm, m, None))]
+    if not hasattr(algorithm, "default_aggregator"):
+        missing.append("default_aggregator")
+    if missing:
+        raise ConfigError(
+            f"algorithm '{name}' ({kind}) lacks {', '.join(missing)} (see docs/EXTENDING.md)"
+        )
+    for hook in _CALLABLE_HOOKS:
+        if hasattr(algorithm, hook) and not callable(getattr(algorithm, hook)):
+            raise ConfigError(f"algorithm '{name}' ({kind}): '{hook}' must be a method")
+    for group in _HOOK_GROUPS.values():
+        present = [h for h in group if hasattr(algorithm, h)]
+        if present and len(present) != len(group):
+            absent = [h for h in group if h not in present]
+            raise ConfigError(
+                f"algorithm '{name}' ({kind}) defines {', '.join(present)} but not "
+                f"{', '.join(absent)}; in-task reduction needs all three"
+            )

@@ -17,6 +17,7 @@ from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
 from raysim.core.sampling import client_generator
 from raysim.core.state import ClientUpdate, ReducedUpdate
+from raysim.core.validation import wire_format
 
 
 def train_clients(
@@ -51,6 +52,8 @@ def train_clients(
         )
     make_reducer = getattr(algorithm, "task_reducer", None)
     reducer = make_reducer(ctx) if make_reducer is not None else None
+    # Updates leave the task encoded by the run's codec (what crosses the wire).
+    codec, layout = wire_format(algorithm, ctx) if reducer is None else (None, None)
     reduced = ReducedUpdate([], [], None, [], 0)
     faults = FaultPlan.from_config(ctx.config)
     if faults is not None:
@@ -74,6 +77,7 @@ def train_clients(
             )
             update = algorithm.client_update(client_payload, x, y, client_id, generator, ctx)
             if reducer is None:
+                update.message = codec.encode(update.message, layout)
                 updates.append(update)
                 continue
             # The reducer checks each update before folding it in (the server never sees

@@ -27,16 +27,16 @@ import numpy as np
 from raysim import registry
 from raysim.config import Config
 from raysim.core.algorithm import RunContext
+from raysim.core.backend import check_backend
 from raysim.core.faults import ServerLost
 from raysim.core.sampling import (
-    DATA,
     PARTITION,
     attacker_pool,
     purpose_seed,
     sample_clients,
 )
 from raysim.core.state import RoundInfo, ServerState
-from raysim.data.datasets import Dataset
+from raysim.data.datasets import Dataset, load_dataset  # noqa: F401 - re-exported
 from raysim.data.partition import ClientSplit, make_split
 from raysim.errors import RaysimError
 from raysim.outputs import RunOutputs, load_checkpoint, peak_rss_bytes
@@ -87,13 +87,6 @@ class RunResult:
     out_dir: Path
 
 
-def load_dataset(config: Config) -> Dataset:
-    data = config.data
-    return registry.datasets.build(
-        data.name, data.root, purpose_seed(config.run.seed, DATA), **data.options
-    )
-
-
 def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
     """The client split, read from the parquet cache when `partition.cache_dir` has it."""
     part = config.partition
@@ -126,7 +119,11 @@ def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
 
 def run_context(config: Config, dataset: Dataset) -> RunContext:
     ctx = RunContext(
-        config, tuple(dataset.train_x.shape[1:]), dataset.num_classes, dataset.num_features
+        config,
+        tuple(dataset.train_x.shape[1:]),
+        dataset.num_classes,
+        dataset.num_features,
+        plugins=registry.snapshot(),  # names registered in this process, for the workers
     )
     if np.ndim(dataset.train_y) == 2:  # multi-hot labels: clients also get validation rows
         from raysim.data.cmda import client_validation_split
@@ -136,34 +133,16 @@ def run_context(config: Config, dataset: Dataset) -> RunContext:
 
 
 def _start(config: Config, address: str | None):
-    """Load data, split it and start the backend: (dataset, split, backend, started_ray)."""
-    if config.runtime.backend == "local" and not address:
-        from raysim.runtime.local import LocalBackend
+    """Start the configured backend (raysim.core.backend): it loads the data, splits it with
+    `prepare` and starts the server. Joining a cluster (`address`) means the Ray backend."""
+    name = "ray" if address and config.runtime.backend == "local" else config.runtime.backend
+    backend_class = registry.backends.get(name)
+    check_backend(backend_class, name)
 
-        dataset = load_dataset(config)
-        split = split_clients(config, dataset)
-        ctx = run_context(config, dataset)
-        return dataset, split, LocalBackend(ctx, dataset, split), False
-    from raysim.runtime import ray_backend
+    def prepare(dataset: Dataset):
+        return split_clients(config, dataset), run_context(config, dataset)
 
-    started_ray = ray_backend.connect(config.runtime, address)
-    try:
-        dataset, train_x_ref = ray_backend.load_dataset_in_cluster(config)
-        split = split_clients(config, dataset)
-        ctx = run_context(config, dataset)
-        return dataset, split, ray_backend.RayBackend(ctx, dataset, split, train_x_ref), started_ray
-    except BaseException:
-        if started_ray:
-            ray_backend.disconnect()
-        raise
-
-
-def _stop(backend, started_ray: bool) -> None:
-    backend.shutdown()
-    if started_ray:
-        from raysim.runtime import ray_backend
-
-        ray_backend.disconnect()
+    return backend_class.start(config, address, prepare)
 
 
 def resume(
@@ -210,13 +189,14 @@ def run(
     if resume_from_checkpoint:
         restored, history = find_resume_point(out_dir)
     # Data and backend first: bad input fails here, before anything in out_dir is touched.
-    dataset, split, backend, started_ray = _start(config, address)
+    backend = _start(config, address)
+    dataset, split = backend.dataset, backend.split
     try:
         if restored is not None:
             backend.set_state(restored)
         outputs = RunOutputs(out_dir, config, tensorboard=tensorboard, history=history)
     except BaseException:
-        _stop(backend, started_ray)
+        backend.shutdown()
         raise
     print(
         f"raysim: {config.algorithm.name} on {dataset.name} ({len(dataset.train_y)} train "
@@ -226,6 +206,12 @@ def run(
     )
     if tensorboard:
         print(f"TensorBoard: tensorboard --logdir {Path(out_dir) / 'tensorboard'}", flush=True)
+    # What rebuilding the model needs besides the config (raysim.load_run), in each checkpoint.
+    data_shape = {
+        "input_shape": list(backend.ctx.input_shape),
+        "num_classes": int(backend.ctx.num_classes),
+        "num_features": backend.ctx.num_features,
+    }
     rounds, seed = config.run.rounds, config.run.seed
     # Malicious clients are the lowest ids (none unless an attack is configured).
     malicious_below = 0
@@ -381,7 +367,7 @@ def run(
                 on_round(record)
             every = config.run.checkpoint_every
             if last or (every and (round_index + 1) % every == 0):
-                outputs.save_checkpoint(with_server(backend.get_state, round_index + 1))
+                outputs.save_checkpoint(with_server(backend.get_state, round_index + 1), data_shape)
             if kill_after == round_index + 1:
                 os.kill(os.getpid(), signal.SIGKILL)  # test hook: a driver killed mid-run
             if bar is not None:
@@ -423,5 +409,5 @@ def run(
         if bar is not None:
             bar.close()
         outputs.close()
-        _stop(backend, started_ray)
+        backend.shutdown()
     return RunResult(state=state, summary=summary, out_dir=Path(out_dir))

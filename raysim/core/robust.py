@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from raysim.core.state import RoundInfo
+from raysim.core.state import Contribution, RoundInfo
 from raysim.errors import ConfigError
 
 
@@ -115,8 +115,9 @@ class TrimmedMean:
         return _granted_malicious(info, "trimmed_mean", "aggregator.beta")
 
     def aggregate(
-        self, vectors: Sequence[np.ndarray], weights: Sequence[float], info: RoundInfo | None = None
+        self, contributions: Sequence[Contribution], info: RoundInfo | None = None
     ) -> np.ndarray:
+        vectors = [c.update for c in contributions]
         beta = self.resolve_beta(info)
         if 2 * beta >= len(vectors):
             raise ConfigError(
@@ -133,8 +134,9 @@ class Median:
     linear = False
 
     def aggregate(
-        self, vectors: Sequence[np.ndarray], weights: Sequence[float], info: RoundInfo | None = None
+        self, contributions: Sequence[Contribution], info: RoundInfo | None = None
     ) -> np.ndarray:
+        vectors = [c.update for c in contributions]
         return coordinate_median(vectors)
 
 
@@ -167,8 +169,9 @@ class MultiKrum:
         return f, m
 
     def aggregate(
-        self, vectors: Sequence[np.ndarray], weights: Sequence[float], info: RoundInfo | None = None
+        self, contributions: Sequence[Contribution], info: RoundInfo | None = None
     ) -> np.ndarray:
+        vectors = [c.update for c in contributions]
         n = len(vectors)
         f, m = self.resolve(info, n)
         if n - f - 2 < 1:

@@ -15,23 +15,47 @@ import numpy as np
 
 from raysim import registry
 from raysim.core.aggregators import LinearAccumulator
-from raysim.core.algorithm import RunContext
+from raysim.core.algorithm import RunContext, check_algorithm
 from raysim.core.payload import encoded_nbytes
-from raysim.core.state import ClientUpdate, ReducedUpdate, RoundInfo, RoundStats, ServerState
-from raysim.core.validation import decode_checked, describe_rejection, update_spec
+from raysim.core.state import (
+    ClientUpdate,
+    Contribution,
+    ReducedUpdate,
+    RoundInfo,
+    RoundStats,
+    ServerState,
+)
+from raysim.core.validation import decode_checked, describe_rejection, wire_format, wire_nbytes
 from raysim.errors import ConfigError
 
 
 def build_algorithm(ctx: RunContext):
-    algorithm = ctx.config.algorithm
-    return registry.algorithms.build(algorithm.name, **algorithm.options)
+    config = ctx.config.algorithm
+    algorithm = registry.algorithms.build(config.name, **config.options)
+    check_algorithm(algorithm, config.name)
+    return algorithm
 
 
 def build_aggregator(ctx: RunContext, algorithm):
-    """The configured aggregator; `auto` means the algorithm's natural one."""
-    aggregator = ctx.config.aggregator
-    name = algorithm.default_aggregator if aggregator.name == "auto" else aggregator.name
-    return registry.aggregators.build(name, **aggregator.options)
+    """The configured aggregator; `auto` means the algorithm's natural one (a registered name,
+    or an aggregator object the algorithm builds from its own options, e.g. FLAG's weighting).
+    An algorithm may refuse an aggregator that would ignore what it needs
+    (`check_aggregator(aggregator, ctx) -> reason | None`)."""
+    config = ctx.config.aggregator
+    if config.name == "auto":
+        default = algorithm.default_aggregator
+        if not isinstance(default, str):
+            return default
+        return registry.aggregators.build(default)
+    aggregator = registry.aggregators.build(config.name, **config.options)
+    check = getattr(algorithm, "check_aggregator", None)
+    reason = check(aggregator, ctx) if check is not None else None
+    if reason:
+        raise ConfigError(
+            f"aggregator '{config.name}' does not fit algorithm '{ctx.config.algorithm.name}': "
+            f"{reason}"
+        )
+    return aggregator
 
 
 def build_attack(ctx: RunContext):
@@ -72,7 +96,13 @@ class Server:
         self.state = self.algorithm.init_server(ctx)
         self.test_x, self.test_y = test_x, test_y
         self._payload_cache: tuple[int, object, int] | None = None
-        self._update_spec = None  # what a valid client update looks like (computed once)
+        # What a valid client update looks like, and its wire format (raysim.core.codecs).
+        self.codec, self.layout = (
+            (None, None) if self.reduces_in_task else wire_format(self.algorithm, ctx)
+        )
+        # Algorithms that keep something of each client (FLAG: its local model, for AmAP)
+        # see the round's contributions after the aggregate (`observe_contributions`).
+        self._observe = getattr(self.algorithm, "observe_contributions", None)
 
     # --- payload -------------------------------------------------------------------------------
     def payload(self):
@@ -109,9 +139,8 @@ class Server:
         self._accumulator = (
             LinearAccumulator(self.aggregator.normalize) if self.aggregator.linear else None
         )
-        self._vectors: list[np.ndarray] = []
-        self._weights: list[float] = []
-        self._malicious: list[tuple[np.ndarray, int]] = []
+        self._contributions: list[Contribution] = []
+        self._malicious: list[Contribution] = []
         self._attacker_knowledge: list[np.ndarray] = []
         self._pool = set(info.attacker_pool.tolist())
         self._loss_sum = 0.0
@@ -121,8 +150,6 @@ class Server:
         self._folded = 0
         self._malicious_rejected = 0
         self._pool_dropped = 0
-        if self._update_spec is None:
-            self._update_spec = update_spec(self.algorithm, self.state, self.ctx)
 
     def add(self, updates: Iterable[ClientUpdate]) -> None:
         """Fold in updates, in client-id order. Linear aggregators keep O(model) memory."""
@@ -133,13 +160,11 @@ class Server:
                 self._add_reduced(update)
                 continue
             if update.client_id in self._pool:  # the attacker's own training, not sent
-                self._attacker_knowledge.append(
-                    self.algorithm.decode_update(update.message, self.ctx)
-                )
+                self._attacker_knowledge.append(self.codec.decode(update.message, self.layout))
                 self._maybe_fold_crafted()
                 continue
             # Checked before anything of it is counted or folded (raysim.core.validation).
-            vector, problem = decode_checked(self.algorithm, self._update_spec, update, self.ctx)
+            vector, problem = decode_checked(self.codec, self.layout, update)
             if problem is not None:
                 stats.clients_rejected += 1
                 stats.rejected.append(
@@ -150,21 +175,24 @@ class Server:
                     self._maybe_fold_crafted()
                 continue
             stats.clients_done += 1
-            stats.bytes_up += encoded_nbytes(update.message)
+            stats.bytes_up += wire_nbytes(self.codec, update.message)
             loss = update.metrics.get("loss", math.nan)
             if not math.isnan(loss) and update.num_samples:
                 self._loss_sum += loss * update.num_samples
                 self._loss_weight += update.num_samples
             if np.issubdtype(vector.dtype, np.floating):  # rank positions have no useful norm
                 self._norm_sum += float(np.linalg.norm(vector))
+            contribution = Contribution(
+                int(update.client_id), vector, int(update.num_samples), dict(update.stats)
+            )
             if self.attack is not None and update.client_id < info.malicious_below:
                 # Malicious clients (and the attacker's pool) have the lowest ids, so they all
                 # arrive before any honest client; once the last one is in, they collude and
                 # their crafted updates are folded in their place (still in client-id order).
-                self._malicious.append((vector, update.num_samples))
+                self._malicious.append(contribution)
                 self._maybe_fold_crafted()
                 continue
-            self._fold(vector, update.num_samples)
+            self._fold(contribution)
         self._aggregate_s += time.perf_counter() - started
 
     def record_failure(self, client_id: int) -> None:
@@ -206,13 +234,12 @@ class Server:
                 self._norm_sum += norm
         self._reduced = self.algorithm.merge_reduced(self._reduced, update.message, self.ctx)
 
-    def _fold(self, vector: np.ndarray, num_samples: int) -> None:
+    def _fold(self, contribution: Contribution) -> None:
         self._folded += 1
         if self._accumulator is not None:
-            self._accumulator.add(vector, self.aggregator.weight(num_samples))
-        else:
-            self._vectors.append(vector)
-            self._weights.append(num_samples)
+            self._accumulator.add(contribution.update, self.aggregator.weight(contribution))
+        if self._accumulator is None or self._observe is not None:
+            self._contributions.append(contribution)
 
     def _maybe_fold_crafted(self) -> None:
         info = self._info
@@ -223,7 +250,7 @@ class Server:
         ):
             return
         # What the attacker knows: the benign updates of its sampled clients and of its pool.
-        honest = [vector for vector, _ in self._malicious] + self._attacker_knowledge
+        honest = [c.update for c in self._malicious] + self._attacker_knowledge
         crafted = self.attack.craft(honest, info, self.aggregator, self.algorithm, self.ctx)
         if len(crafted) != info.num_malicious:
             raise RuntimeError(
@@ -232,8 +259,8 @@ class Server:
         # Malicious clients whose own update was rejected send nothing (their crafted copies
         # are dropped from the end).
         kept = crafted[: len(self._malicious)]
-        for vector, (_, num_samples) in zip(kept, self._malicious, strict=True):
-            self._fold(vector, num_samples)
+        for vector, sent in zip(kept, self._malicious, strict=True):
+            self._fold(Contribution(sent.client_id, vector, sent.num_samples, sent.stats))
         self._malicious, self._attacker_knowledge = [], []
 
     def finish_round(self, evaluate: bool) -> RoundStats:
@@ -255,12 +282,24 @@ class Server:
         elif self._accumulator is not None:
             aggregate = self._accumulator.result()
         else:
-            aggregate = self.aggregator.aggregate(self._vectors, self._weights, self._info)
-        self.algorithm.server_times = {}
+            aggregate = self.aggregator.aggregate(self._contributions, self._info)
         if aggregate is not None:
-            self.state = self.algorithm.server_update(self.state, aggregate, self.ctx)
-        stats.server_times = dict(self.algorithm.server_times)
-        self._vectors, self._weights = [], []
+            state = self.state
+            result = self.algorithm.server_update(state, aggregate, self.ctx)
+            # server_update returns the next state, or (state, diagnostics): seconds of the
+            # server phases it timed itself (`*_s`, reported in the round's time split).
+            if isinstance(result, tuple):
+                result, times = result
+                stats.server_times = {k: float(v) for k, v in dict(times).items()}
+            if not isinstance(result, ServerState):
+                raise TypeError(
+                    f"{type(self.algorithm).__name__}.server_update returned a "
+                    f"{type(result).__name__}, expected a ServerState (or ServerState, dict)"
+                )
+            if self._observe is not None and self._contributions:
+                result = self._observe(state, result, self._contributions, self.ctx)
+            self.state = result
+        self._contributions = []
         # The phases the algorithm timed itself (index, spreadout) are reported apart.
         stats.aggregate_s = (
             self._aggregate_s + time.perf_counter() - started - sum(stats.server_times.values())

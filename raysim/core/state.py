@@ -28,16 +28,32 @@ class ServerState:
 class ClientUpdate:
     """What one client sends back after local training.
 
-    `message` is the update exactly as it would cross the wire (FedAvg: the float32 delta
-    `local - global`; FRL: bit-packed rank positions; SignSGD: packed sign bits); the server
-    counts its bytes and asks the algorithm to decode it into a dense vector for aggregation.
+    An algorithm's `client_update` returns its update as a flat vector in `message` (FedAvg:
+    the float32 delta `local - global`; FRL: rank positions); the client task then encodes it
+    with the run's codec (raysim.core.codecs: dense, packed signs, top-k, packed ranks), so
+    from there on `message` is the update exactly as it crosses the wire. The server counts
+    its bytes, checks it and decodes it into the dense vector the aggregator sees.
     `num_samples` is the number of training samples (the weight of weighted averaging).
+    `stats` are statistics the client declares beside its update (FLAG: how many labels it
+    holds); aggregators see them in the client's `Contribution`. Numbers only.
     """
 
     client_id: int
     num_samples: int
     message: Any
     metrics: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One client's part of a round, as an aggregator sees it: the decoded update vector,
+    its number of training samples and the statistics it declared (checked: finite numbers)."""
+
+    client_id: int
+    update: np.ndarray
+    num_samples: int
+    stats: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -607,3 +607,14 @@ def load_femnist(root: str | None, seed: int, *, max_writers: int | None = None)
         num_classes=FEMNIST_CLASSES,
         train_groups=np.concatenate(groups),
     )
+
+
+def load_dataset(config) -> Dataset:  # config: raysim.config.Config
+    """The run's dataset: the `data:` section's plug-in, seeded by the run seed."""
+    from raysim import registry
+    from raysim.core.sampling import DATA, purpose_seed
+
+    data = config.data
+    return registry.datasets.build(
+        data.name, data.root, purpose_seed(config.run.seed, DATA), **data.options
+    )

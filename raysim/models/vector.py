@@ -79,6 +79,15 @@ def vector_size(model: nn.Module) -> int:
     return sum(t.numel() for t in _tensors(model))
 
 
+def model_layout(ctx):  # -> raysim.core.codecs.VectorLayout
+    """The layout of the run's model vector: float32, one segment per tensor (the update
+    layout of every method whose clients send a model delta)."""
+    from raysim.core.codecs import VectorLayout
+
+    sizes = tuple(int(t.numel()) for t in _tensors(cached_model(ctx)))
+    return VectorLayout(sum(sizes), np.dtype(np.float32), sizes)
+
+
 def set_vector(model: nn.Module, vector: np.ndarray) -> None:
     """Copy `vector` into the model (the vector may be a read-only object-store view; the
     model may live on a GPU: copy_ moves each slice there)."""

@@ -12,13 +12,26 @@ from raysim.core.clients import single_class_of_clients, train_clients
 from raysim.core.faults import FaultPlan, InjectedClientFailure
 from raysim.core.server import Server, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
-from raysim.data.datasets import Dataset
+from raysim.data.datasets import Dataset, load_dataset
 from raysim.data.partition import ClientSplit
+from raysim.errors import ConfigError
 from raysim.runtime import client_state
 
 
 class LocalBackend:
     name = "local"
+
+    @classmethod
+    def start(cls, config, address: str | None, prepare) -> LocalBackend:
+        """Load the data here, split it (`prepare`) and build the server in this process."""
+        if address:
+            raise ConfigError(
+                f"runtime.backend 'local' runs in this process; it cannot join the cluster at "
+                f"{address!r} (use runtime.backend: ray)"
+            )
+        dataset = load_dataset(config)
+        split, ctx = prepare(dataset)
+        return cls(ctx, dataset, split)
 
     def __init__(self, ctx: RunContext, dataset: Dataset, split: ClientSplit) -> None:
         ctx = client_state.attach(ctx, "local")  # a store only if the algorithm uses one
@@ -98,6 +111,15 @@ class LocalBackend:
         stats.tasks = len(info.trained_ids)
         stats.task_retries = retries
         return stats
+
+    def restart(self, state: ServerState | None) -> None:
+        """A fresh server at `state` (None: the initial state). The local server lives in this
+        process, so it is never lost; this is for the protocol's sake."""
+        self.server = Server(
+            self.ctx, self.dataset.test_x, self.dataset.test_y, self.server.client_classes
+        )
+        if state is not None:
+            self.set_state(state)
 
     def get_state(self) -> ServerState:
         return client_state.with_store(self.server.get_state(), self.ctx)

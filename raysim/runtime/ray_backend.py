@@ -21,6 +21,7 @@ from collections import Counter
 import numpy as np
 import ray
 
+from raysim import registry
 from raysim.config import RuntimeConfig
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import chunk_clients, single_class_of_clients, train_clients
@@ -31,6 +32,7 @@ from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
 from raysim.errors import RaysimError
 from raysim.outputs import peak_rss_bytes
+from raysim.plugins import modules_to_ship
 from raysim.runtime import client_state
 from raysim.runtime.devices import task_num_gpus
 from raysim.runtime.ray_metrics import RoundMetrics
@@ -51,18 +53,27 @@ def disconnect() -> None:
 def connect(
     runtime: RuntimeConfig, address: str | None = None, include_dashboard: bool = True
 ) -> bool:
-    """Join `address` (or runtime.address), or start a local Ray. True if we started it."""
+    """Join `address` (or runtime.address), or start a local Ray. True if we started it.
+
+    The user's plug-in modules (named by import path in the config or registered from their
+    code; raysim.plugins) go to every worker of the job as `runtime_env` py_modules, on a
+    local Ray and on a cluster alike. Resolve the config's plug-ins before connecting."""
     if ray.is_initialized():
         return False
     address = address or runtime.address
+    user_modules = modules_to_ship()
+    runtime_env = {"py_modules": user_modules} if user_modules else None
+    if user_modules:
+        print(f"raysim: sending plug-in code to the workers: {', '.join(user_modules)}", flush=True)
     if address:
-        context = ray.init(address=address, logging_level=logging.WARNING)
+        context = ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
     else:
         context = ray.init(
             num_cpus=runtime.num_cpus,
             include_dashboard=include_dashboard,
             dashboard_host=runtime.dashboard_host,
             logging_level=logging.WARNING,
+            runtime_env=runtime_env,
             _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
         )
     url = getattr(context, "dashboard_url", None)
@@ -87,11 +98,13 @@ def _run_bundle(run_ref: ray.ObjectRef) -> tuple:
 
 
 @ray.remote(num_returns=2)
-def _load_dataset_task(config) -> tuple:
+def _load_dataset_task(config, plugins) -> tuple:
     # Runs on a worker: the feature array goes from the worker's memory straight into the
     # object store, so the driver never holds (or maps) the largest array of the run.
-    from raysim.core.loop import load_dataset
+    # `plugins`: names registered in the driver's code (a dataset plug-in among them).
+    from raysim.data.datasets import load_dataset
 
+    registry.install(plugins)
     dataset = load_dataset(config)
     shape = dataset.train_x.shape[1:]
     light = dataclasses.replace(dataset, train_x=np.empty((0, *shape), dtype=np.float32))
@@ -106,7 +119,7 @@ def load_dataset_in_cluster(config) -> tuple[Dataset, ray.ObjectRef]:
     """
     # At most a client task's CPUs, so it fits a Tune trial's placement group (raysim/tune.py).
     load_task = _load_dataset_task.options(num_cpus=min(1.0, config.clients.num_cpus))
-    light_ref, train_x_ref = load_task.remote(config)
+    light_ref, train_x_ref = load_task.remote(config, registry.snapshot())
     try:
         return ray.get(light_ref), train_x_ref
     except ray.exceptions.RayTaskError as error:
@@ -346,12 +359,30 @@ class ServerActor:
 class RayBackend:
     name = "ray"
 
+    @classmethod
+    def start(cls, config, address: str | None, prepare) -> RayBackend:
+        """Connect to (or start) Ray, load the data in a task, split it (`prepare`), start the
+        server actor. A Ray this call started is shut down by `shutdown`."""
+        started_ray = connect(config.runtime, address)
+        try:
+            dataset, train_x_ref = load_dataset_in_cluster(config)
+            split, ctx = prepare(dataset)
+            backend = cls(ctx, dataset, split, train_x_ref)
+        except BaseException:
+            if started_ray:
+                disconnect()
+            raise
+        backend.started_ray = started_ray
+        return backend
+
     def __init__(
         self, ctx: RunContext, dataset: Dataset, split: ClientSplit, train_x_ref: ray.ObjectRef
     ) -> None:
         """Ray must be connected (see `connect`); `train_x_ref` holds the training features."""
         ctx = client_state.attach(ctx, "ray")  # a store actor only if the algorithm uses one
         self.ctx = ctx
+        self.dataset, self.split = dataset, split
+        self.started_ray = False
         clients = ctx.config.clients
         run_ref = ray.put(
             (
@@ -486,6 +517,10 @@ class RayBackend:
         )
 
     def shutdown(self) -> None:
-        ray.kill(self.server)
-        if self.ctx.client_state is not None:
-            self.ctx.client_state.shutdown()
+        try:
+            ray.kill(self.server)
+            if self.ctx.client_state is not None:
+                self.ctx.client_state.shutdown()
+        finally:
+            if self.started_ray:
+                disconnect()

@@ -1,0 +1,80 @@
+"""The Backend protocol: how a run's clients are executed. The round loop (raysim.core.loop)
+names no backend; it looks the configured one up in `raysim.registry.backends` ('local': in
+this process; 'ray': client tasks and a server actor; or `package.module:Class` of your own).
+
+A backend class provides
+
+    @classmethod
+    def start(cls, config, address, prepare) -> backend
+        load the dataset where it belongs (the Ray backend loads it in a task, so the features
+        go straight into the object store), then call `prepare(dataset) -> (split, ctx)` for
+        the client split and the run context, and start the server. The started backend has
+        `.dataset` (features may be left out of it), `.split` and `.ctx`.
+
+and, started:
+
+    name: str
+    run_round(info: RoundInfo, evaluate: bool, next_info: RoundInfo | None) -> RoundStats
+        one round: the server's payload to `info.trained_ids`, their training, the server's
+        fold of their updates in client-id order, the server update, evaluation when asked.
+        `next_info`: the next round's clients, for backends that dispatch ahead.
+    restart(state: ServerState | None)   a lost server (ServerLost) comes back at `state`
+    get_state() -> ServerState;  set_state(state)
+    server_peak_rss_bytes() -> int;  describe() -> str (one line for the run's header)
+    shutdown()   release everything started, including a Ray the backend started itself
+    task_nodes() -> dict[str, int]   optional: client tasks per node id
+
+Results must not depend on the backend: clients are trained from (seed, round, client id)
+alone and updates are folded in client-id order (raysim.core.server.Server does the folding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from raysim.core.state import RoundInfo, RoundStats, ServerState
+
+# prepare(dataset) -> (client split, run context), supplied by the round loop.
+Prepare = Callable[[Any], tuple[Any, Any]]
+
+
+class Backend(Protocol):
+    name: str
+    dataset: Any
+    split: Any
+    ctx: Any
+
+    @classmethod
+    def start(cls, config: Any, address: str | None, prepare: Prepare) -> Backend: ...
+
+    def run_round(
+        self, info: RoundInfo, evaluate: bool, next_info: RoundInfo | None = None
+    ) -> RoundStats: ...
+
+    def restart(self, state: ServerState | None) -> None: ...
+
+    def get_state(self) -> ServerState: ...
+
+    def set_state(self, state: ServerState) -> None: ...
+
+    def server_peak_rss_bytes(self) -> int: ...
+
+    def describe(self) -> str: ...
+
+    def shutdown(self) -> None: ...
+
+
+REQUIRED = ("start", "run_round", "restart", "get_state", "set_state", "describe", "shutdown")
+
+
+def check_backend(backend_class: Any, name: str) -> None:
+    """One line naming what a backend plug-in lacks."""
+    from raysim.errors import ConfigError
+
+    missing = [m for m in REQUIRED if not callable(getattr(backend_class, m, None))]
+    if missing:
+        raise ConfigError(
+            f"backend '{name}' ({getattr(backend_class, '__name__', backend_class)}) lacks "
+            f"{', '.join(missing)} (see raysim.core.backend)"
+        )
