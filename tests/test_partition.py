@@ -247,3 +247,27 @@ def test_describe_split_is_compact_for_many_classes():
     text = describe_split(split, labels, 100)
     assert "label:count" in text
     assert max(len(line) for line in text.splitlines()) < 200
+
+
+def test_split_dataset_gives_multi_hot_data_the_cmda_splits_with_validation():
+    from raysim.data import cmda
+
+    rng = np.random.default_rng(0)
+    train_y = (rng.random((300, 6)) < 0.3).astype(np.float32)
+    test_y = (rng.random((90, 6)) < 0.3).astype(np.float32)
+    x = np.zeros((300, 2), dtype=np.float32)
+    dataset = Dataset("multi", x, train_y, x[:90], test_y, 6)
+    expected = {
+        "iid": ({}, cmda.random_split(train_y, test_y, 5, 3)),
+        "random": ({}, cmda.random_split(train_y, test_y, 5, 3)),
+        "dirichlet": ({"alpha": 0.3}, cmda.dirichlet_split(train_y, test_y, 5, 3, 0.3)),
+        "kmodes": ({}, cmda.kmodes_split(train_y, test_y, 5, 3)),
+    }
+    for name, (options, want) in expected.items():
+        got = split_dataset(dataset, name, 5, 3, options)
+        for a, b in ((got.train, want.train), (got.validation, want.validation)):
+            np.testing.assert_array_equal(a.indices, b.indices)
+            np.testing.assert_array_equal(a.offsets, b.offsets)
+    for name in ("shards", "one_class"):
+        with pytest.raises(ConfigError, match=rf"^partition '{name}' splits single-label data"):
+            split_dataset(dataset, name, 5, 3)
