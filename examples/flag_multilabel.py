@@ -26,6 +26,7 @@ from raysim import config as config_module
 from raysim.core.loop import load_dataset, run, run_context
 from raysim.core.sampling import PARTITION, purpose_seed
 from raysim.data import cmda
+from raysim.data.partition import split_dataset
 from raysim.metrics_multilabel import rounds_to_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def split_section(out: Path, seed: int, overrides: list[str]) -> dict:
     writer = SummaryWriter(log_dir=str(out / "split" / "tensorboard"))
     result = {}
     for name in ("kmodes", "random"):
-        split = cmda.split_multilabel(dataset.train_y, dataset.test_y, name, k, part_seed)
+        split = split_dataset(dataset, name, k, part_seed)
         report = cmda.split_report(dataset.train_y, split.train)
         paths = cmda.save_split_plots(report, out / "split", name, writer=writer)
         print(cmda.describe_report(report, f"[{name}] "), flush=True)

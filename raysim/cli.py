@@ -110,12 +110,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0 if result.best is not None else 1
     config = config_module.load(args.config, args.overrides)
     if args.command == "partition":
-        from raysim.core.loop import load_dataset, split_clients
-        from raysim.data.partition import describe_split
+        from raysim.core.loop import load_dataset
+        from raysim.data.partition import describe_partition, split_for_run
 
         dataset = load_dataset(config)
-        split = split_clients(config, dataset)
-        print(describe_split(split, dataset.train_y, dataset.num_classes, max_rows=args.rows))
+        result = split_for_run(config, dataset)
+        print(describe_partition(result, dataset, max_rows=args.rows))
         return 0
 
     from raysim.core.loop import run

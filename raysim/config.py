@@ -1,11 +1,13 @@
 """Experiment configuration: YAML -> small frozen dataclasses, validated, with overrides.
 
 A config file has one section per concern (run, data, partition, clients, model, algorithm,
-aggregator, server, runtime). Sections that choose a plug-in (data, model, algorithm, aggregator)
-take a `name` plus that plug-in's options, checked against the plug-in's keyword-only
-parameters. `--set a.b=value` overrides are parsed as YAML scalars, so `--set clients.lr=0.1`
-gives a float and `--set runtime.backend=local` a string. Every mistake is reported as one
-ConfigError naming the key and what was expected.
+aggregator, server, runtime). Sections that choose a plug-in (data, partition, model, algorithm,
+aggregator, attack) take a `name` plus that plug-in's options, checked against the plug-in's
+keyword-only parameters (`partition:` also takes `num_clients` and `cache_dir`; an override of
+`partition.name` drops the file's options the new partitioner does not take). `--set a.b=value`
+overrides are parsed as YAML scalars, so `--set clients.lr=0.1` gives a float and
+`--set runtime.backend=local` a string. Every mistake is reported as one ConfigError naming the
+key and what was expected.
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ class DataConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class PartitionConfig:
+    """The partitioner `name` (raysim.registry.partitioners) and its options: every other key of
+    the `partition:` section, e.g. dirichlet's `alpha` or shards' `shards_per_client`."""
+
     name: str = "iid"
     num_clients: int = 100
-    alpha: float = 0.5  # Dirichlet concentration (partition 'dirichlet')
-    shards_per_client: int = 2  # partition 'shards'
     cache_dir: str | None = None  # cache the split as parquet here (and reuse it)
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,6 +228,7 @@ _PLUGIN_SECTIONS: dict[str, tuple[registry.Registry, str]] = {
     "aggregator": (registry.aggregators, "auto"),
     "codec": (registry.codecs, "auto"),
     "attack": (registry.attacks, "none"),
+    "partition": (registry.partitioners, "iid"),
 }
 _SECTION_TYPES = {f.name: f for f in dataclasses.fields(Config)}
 
@@ -258,8 +263,11 @@ def from_dict(
     raw: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "config"
 ) -> Config:
     raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    file_partition = raw.get("partition")
+    file_partition = dict(file_partition) if isinstance(file_partition, Mapping) else {}
     for override in overrides:
         _apply_override(raw, override)
+    _drop_options_of_replaced_partitioner(raw, file_partition, overrides)
     sections: dict[str, Any] = {}
     for section_name, values in raw.items():
         if not isinstance(section_name, str):
@@ -278,6 +286,34 @@ def from_dict(
     config = Config(**sections)
     _validate(config, source)
     return config
+
+
+def _drop_options_of_replaced_partitioner(
+    raw: dict[str, Any], file_partition: Mapping[str, Any], overrides: Sequence[str]
+) -> None:
+    """`--set partition.name=X` replaces the file's partitioner: the file's options that X does
+    not take (e.g. dirichlet's `alpha` when X is `shards`) are dropped. Options given by
+    overrides are always kept, and checked against X."""
+    section = raw.get("partition")
+    if not isinstance(section, dict):
+        return
+    name, file_name = section.get("name", "iid"), file_partition.get("name", "iid")
+    if name == file_name or not isinstance(name, str):
+        return
+    try:
+        valid = set(registry.partitioners.option_names(name))
+    except ConfigError:  # unknown name: reported with the choices when the section is built
+        return
+    overridden = {override.partition("=")[0].strip() for override in overrides}
+    fixed = {f.name for f in dataclasses.fields(PartitionConfig)}
+    for key in list(section):
+        if (
+            key in file_partition
+            and f"partition.{key}" not in overridden
+            and key not in fixed
+            and key not in valid
+        ):
+            del section[key]
 
 
 def _apply_override(raw: dict[str, Any], override: str) -> None:
@@ -330,6 +366,15 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
             }
             options = reg.check_options(name, values, section_name)
             return AttackConfig(name=name, options=options, **kwargs)
+        if section_type is PartitionConfig:
+            fixed = {f.name: f for f in dataclasses.fields(PartitionConfig)}
+            kwargs = {
+                key: _coerce(values.pop(key), fixed[key].type, f"partition.{key}", source)
+                for key in ("num_clients", "cache_dir")
+                if key in values
+            }
+            options = reg.check_options(name, values, section_name)
+            return PartitionConfig(name=name, options=options, **kwargs)
         if section_type is DataConfig:
             root = values.pop("root", None)
             if root is not None and not isinstance(root, str):
@@ -429,12 +474,12 @@ def _validate(config: Config, source: str) -> None:
     for key, path in (("data.root", config.data.root), ("partition.cache_dir", part.cache_dir)):
         require(path is None or (path != "" and "\0" not in path), key, "a path", path)
     require(part.num_clients >= 1, "partition.num_clients", ">= 1", part.num_clients)
-    require(part.alpha > 0, "partition.alpha", "> 0", part.alpha)
-    require(finite(part.alpha), "partition.alpha", "finite", part.alpha)
-    require(
-        part.shards_per_client >= 1, "partition.shards_per_client", ">= 1", part.shards_per_client
-    )
-    registry.partitioners.get(part.name)
+    from raysim.data.partition import check_partition_options
+
+    try:  # the partitioner's own checks of its option values (dirichlet's alpha > 0, ...)
+        check_partition_options(part.name, part.options)
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from None
     require(clients.per_round >= 1, "clients.per_round", ">= 1", clients.per_round)
     require(
         clients.per_round <= part.num_clients,

@@ -12,6 +12,7 @@ from raysim import config
 from raysim.errors import ConfigError
 
 FRL = ("algorithm.name=frl", "model.name=mlp")
+DIRICHLET = "partition.name=dirichlet"
 ATTACK = ("attack.name=sign_flip", "partition.num_clients=10", "clients.per_round=4")
 
 # (overrides, key the message must name, fragment of the expectation)
@@ -28,10 +29,21 @@ OUT_OF_RANGE = [
     # data / partition
     (("data.root=''",), "data.root", "a path"),
     (("partition.num_clients=0",), "partition.num_clients", ">= 1"),
-    (("partition.alpha=-0.5",), "partition.alpha", "> 0"),
-    (("partition.alpha=.inf",), "partition.alpha", "finite"),
-    (("partition.alpha=.nan",), "partition.alpha", "> 0"),
-    (("partition.shards_per_client=0",), "partition.shards_per_client", ">= 1"),
+    ((DIRICHLET, "partition.alpha=-0.5"), "partition.alpha", "> 0"),
+    ((DIRICHLET, "partition.alpha=.inf"), "partition.alpha", "finite"),
+    # nan: refused by the option type check, like every plug-in option (algorithm.k=.nan)
+    ((DIRICHLET, "partition.alpha=.nan"), "partition.alpha", "finite"),
+    ((DIRICHLET, "partition.min_size=-1"), "partition.min_size", ">= 0"),
+    (
+        ("partition.name=shards", "partition.shards_per_client=0"),
+        "partition.shards_per_client",
+        ">= 1",
+    ),
+    (
+        ("partition.name=iid", "partition.shards_per_client=2"),
+        "partition.shards_per_client",
+        "valid options",
+    ),
     (("partition.cache_dir=''",), "partition.cache_dir", "a path"),
     # clients
     (("clients.per_round=0",), "clients.per_round", ">= 1"),

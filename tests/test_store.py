@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from raysim.data.partition import ClientSplit, dirichlet
+from raysim.data.partition import ClientSplit, dirichlet_split
 from raysim.data.store import load_split, save_split, split_cache_key
 from raysim.errors import DataError
 
@@ -15,7 +15,7 @@ from raysim.errors import DataError
 @pytest.fixture
 def split() -> ClientSplit:
     labels = np.random.default_rng(0).integers(0, 10, size=5000)
-    return dirichlet(labels, 40, seed=1, alpha=0.3)
+    return dirichlet_split(labels, 40, seed=1, alpha=0.3)
 
 
 def test_round_trip_is_exact_and_keeps_metadata(tmp_path, split):

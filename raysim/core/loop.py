@@ -30,14 +30,12 @@ from raysim.core.algorithm import RunContext
 from raysim.core.backend import check_backend
 from raysim.core.faults import ServerLost
 from raysim.core.sampling import (
-    PARTITION,
     attacker_pool,
-    purpose_seed,
     sample_clients,
 )
 from raysim.core.state import RoundInfo, ServerState
 from raysim.data.datasets import Dataset, load_dataset  # noqa: F401 - re-exported
-from raysim.data.partition import ClientSplit, make_split
+from raysim.data.partition import ClientSplit, split_for_run
 from raysim.errors import RaysimError
 from raysim.outputs import RunOutputs, load_checkpoint, peak_rss_bytes
 
@@ -88,33 +86,8 @@ class RunResult:
 
 
 def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
-    """The client split, read from the parquet cache when `partition.cache_dir` has it."""
-    part = config.partition
-    compute = lambda: make_split(  # noqa: E731
-        dataset,
-        part.name,
-        part.num_clients,
-        purpose_seed(config.run.seed, PARTITION),
-        alpha=part.alpha,
-        shards_per_client=part.shards_per_client,
-    )
-    if not part.cache_dir:
-        return compute()
-    from raysim.data.store import load_split, save_split, split_cache_key
-
-    key = split_cache_key(
-        data=config.to_dict()["data"],
-        partition=config.to_dict()["partition"],
-        seed=config.run.seed,
-        num_train=len(dataset.train_y),
-    )
-    path = Path(part.cache_dir) / f"split_{key}.parquet"
-    if path.exists():
-        return load_split(path)[0]
-    split = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_split(path, split, {"dataset": dataset.name, "partition": part.name})
-    return split
+    """The client split (raysim.data.partition.split_for_run; cached per `partition.cache_dir`)."""
+    return split_for_run(config, dataset).train
 
 
 def run_context(config: Config, dataset: Dataset) -> RunContext:
@@ -125,10 +98,9 @@ def run_context(config: Config, dataset: Dataset) -> RunContext:
         dataset.num_features,
         plugins=registry.snapshot(),  # names registered in this process, for the workers
     )
-    if np.ndim(dataset.train_y) == 2:  # multi-hot labels: clients also get validation rows
-        from raysim.data.cmda import client_validation_split
-
-        ctx = dataclasses.replace(ctx, client_validation=client_validation_split(config, dataset))
+    validation = split_for_run(config, dataset).validation  # each client's test rows, if any
+    if validation is not None:
+        ctx = dataclasses.replace(ctx, client_validation=validation)
     return ctx
 
 

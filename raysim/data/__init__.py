@@ -6,6 +6,6 @@ million clients cost two arrays, not a million objects.
 """
 
 from raysim.data.datasets import Dataset
-from raysim.data.partition import ClientSplit
+from raysim.data.split import ClientSplit, PartitionResult
 
-__all__ = ["ClientSplit", "Dataset"]
+__all__ = ["ClientSplit", "Dataset", "PartitionResult"]

@@ -11,6 +11,9 @@ on each client's own validation data:
 - `dirichlet`: label skew on each sample's rarest label ("primary label"): proportions
   ~ Dirichlet(alpha) per primary label, applied to its training and validation samples alike.
 
+This module holds the multi-label algorithms only (on label arrays); the registered partitioners
+`kmodes`, `random`, `iid` and `dirichlet` (raysim.data.partition) call them for multi-hot data.
+
 `split_report` measures the label-distribution skew as DESIGN.md §4.2 defines it:
 Ldist_c[l] = (count_c(l) + eps) / sum_l (count_c(l) + eps), the pairwise KL matrix
 KL(Ldist_i || Ldist_j) and its total; `save_split_plots` draws the KL heatmap and the client size
@@ -25,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from raysim.data.partition import ClientSplit, _from_assignment
+from raysim.data.split import ClientSplit
+from raysim.data.split import from_assignment as _from_assignment
 from raysim.errors import ConfigError
 
 KL_EPSILON = 1e-3
-MULTILABEL_SPLITS = ("kmodes", "random", "iid", "dirichlet")
 
 
 @dataclass(frozen=True)
@@ -185,55 +188,6 @@ def dirichlet_split(
         _from_assignment(assignments[0], num_clients),
         _from_assignment(assignments[1], num_clients),
     )
-
-
-def split_multilabel(
-    train_labels: np.ndarray,
-    test_labels: np.ndarray,
-    name: str,
-    num_clients: int,
-    seed: int,
-    *,
-    alpha: float = 0.5,
-) -> MultiLabelSplit:
-    """The multi-label split called `name` (partition.name): kmodes, random/iid or dirichlet."""
-    if name == "kmodes":
-        return kmodes_split(train_labels, test_labels, num_clients, seed)
-    if name in ("random", "iid"):
-        return random_split(train_labels, test_labels, num_clients, seed)
-    if name == "dirichlet":
-        return dirichlet_split(train_labels, test_labels, num_clients, seed, alpha)
-    raise ConfigError(
-        f"partition '{name}' does not split multi-label data; choose one of "
-        f"{', '.join(MULTILABEL_SPLITS)}"
-    )
-
-
-def client_validation_split(config, dataset) -> ClientSplit:
-    """Each client's validation rows of `dataset`'s test set for the run's partition
-    (same seed as the training split, so k-modes reuses the training modes)."""
-    from raysim.core.sampling import PARTITION, purpose_seed
-
-    part = config.partition
-    seed = purpose_seed(config.run.seed, PARTITION)
-    return split_multilabel(
-        dataset.train_y, dataset.test_y, part.name, part.num_clients, seed, alpha=part.alpha
-    ).validation
-
-
-# --- partitioner entries (training split only; registered in raysim.data.partition) ----------
-
-
-def kmodes(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
-    """partition.name 'kmodes': the CMDA training split (client c = k-modes cluster c)."""
-    labels = _check_multi_hot(labels, "labels")
-    modes = kmodes_modes(labels, num_clients, seed)
-    return _from_assignment(assign_to_modes(labels, modes), num_clients)
-
-
-def random(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
-    """partition.name 'random': uniformly random near-equal clients (any label shape)."""
-    return random_split(labels, labels[:1], num_clients, seed).train
 
 
 # --- label-distribution skew ----------------------------------------------------------------------

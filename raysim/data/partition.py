@@ -1,79 +1,63 @@
-"""Partitioners: who holds which training sample, as one CSR `ClientSplit`.
+"""Partitioners: who holds which sample, as CSR `ClientSplit`s, behind one dispatcher.
 
-A split is two int64 arrays (`indices` grouped by client, `offsets`), never one object per client,
-so a million clients cost two object-store entries and partitioning is vectorised numpy. Every
-partitioner is a pure function of (labels or groups, num_clients, seed, options): same inputs,
-same split, on any machine.
+Partitioner contract
+--------------------
+A partitioner is a callable registered in `raysim.registry.partitioners` (a built-in name, or
+any `package.module:attr` a config names)::
 
-Partitioner signature: `name(labels, num_clients, seed, *, options)`; the keyword-only options are
-the `partition.*` config keys it reads.
+    def my_partitioner(dataset: Dataset, num_clients: int, seed: int, *, option: float = 1.0
+                       ) -> ClientSplit | PartitionResult
+
+- `dataset` is the whole `raysim.data.datasets.Dataset`: labels (`train_y`, 1-D int64, or 2-D
+  multi-hot for multi-label data), `train_groups` (natural clients), `test_y`, features, ...
+- `num_clients` is `partition.num_clients`; `seed` is the run's partition seed. The split must
+  be a pure function of (dataset, num_clients, seed, options): same inputs, same split.
+- Options are keyword-only parameters with annotations and defaults. Every key of the config's
+  `partition:` section except `name`, `num_clients` and `cache_dir` is passed as an option, and
+  checked against the parameters by `registry.partitioners.check_options` when the config is
+  read (unknown keys and wrong types are refused in one line, as for models and algorithms).
+  A partitioner may also carry a `check_options(**options)` attribute that checks values that
+  are wrong whatever the data (e.g. `alpha > 0`); it runs when the config is read too.
+- It returns a `ClientSplit` over the training rows (exactly `num_clients` clients), or a
+  `PartitionResult` whose `validation` places rows of the test set on the same clients (the
+  multi-label splits do: FLAG measures each client on its own validation rows).
+- A mistake of the user (an option out of range, a label shape the partitioner cannot split)
+  is a one-line `ConfigError` naming the `partition.*` key.
+
+`split_dataset(dataset, name, num_clients, seed, options)` resolves and calls a partitioner and
+checks its result; `split_for_run(config, dataset)` does so for a run, with the parquet cache of
+`partition.cache_dir`. The built-ins (`iid`, `dirichlet`, `shards`, `one_class`, `natural`,
+`kmodes`, `random`) handle single-label and multi-hot labels themselves where they can (the
+multi-label algorithms are in raysim.data.cmda) and refuse the other shape with a ConfigError.
+Their label-array algorithms (`iid_split`, `dirichlet_split`, ...) are plain functions of labels.
 """
 
 from __future__ import annotations
 
+import json
 import operator
-from collections.abc import Callable
-from dataclasses import dataclass
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raysim.errors import ConfigError, closest
+from raysim.data import cmda
+from raysim.data.split import ClientSplit, PartitionResult
+from raysim.data.split import from_assignment as _from_assignment
+from raysim.errors import ConfigError
 
 if TYPE_CHECKING:
+    from raysim.config import Config
     from raysim.data.datasets import Dataset
+
+__all__ = ["ClientSplit", "PartitionResult", "split_dataset", "split_for_run"]
 
 DIRICHLET_MAX_TRIES = 1000
 
 
-@dataclass(frozen=True)
-class ClientSplit:
-    """Client c owns train samples `indices[offsets[c]:offsets[c + 1]]` (ascending)."""
-
-    indices: np.ndarray  # int64 train-sample ids grouped by client, ascending within each client
-    offsets: np.ndarray  # int64 (num_clients + 1,)
-
-    def __post_init__(self) -> None:
-        indices, offsets = self.indices, self.offsets
-        if indices.ndim != 1 or offsets.ndim != 1 or len(offsets) < 2:
-            raise ValueError("ClientSplit needs 1-D indices and at least 2 offsets")
-        if indices.dtype != np.int64 or offsets.dtype != np.int64:
-            raise ValueError(
-                f"ClientSplit arrays must be int64, got {indices.dtype}, {offsets.dtype}"
-            )
-        if offsets[0] != 0 or offsets[-1] != len(indices) or np.any(np.diff(offsets) < 0):
-            raise ValueError("ClientSplit offsets must rise from 0 to len(indices)")
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def sizes(self) -> np.ndarray:
-        """Number of samples of each client (int64, length num_clients)."""
-        return np.diff(self.offsets)
-
-    def client_indices(self, client: int) -> np.ndarray:
-        """The train-sample ids of one client (a view, no copy)."""
-        return self.indices[self.offsets[client] : self.offsets[client + 1]]
-
-    def client_ids(self) -> np.ndarray:
-        """The client of each entry of `indices` (int64, same length)."""
-        return np.repeat(np.arange(self.num_clients, dtype=np.int64), self.sizes)
-
-
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def _from_assignment(client_of: np.ndarray, num_clients: int) -> ClientSplit:
-    """CSR from 'client of each sample' (-1: unassigned); a stable sort keeps ids ascending."""
-    assigned = np.flatnonzero(client_of >= 0)
-    owners = client_of[assigned]
-    order = np.argsort(owners, kind="stable")
-    counts = np.bincount(owners, minlength=num_clients)
-    offsets = np.zeros(num_clients + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return ClientSplit(indices=assigned[order].astype(np.int64), offsets=offsets)
 
 
 def _check_int(
@@ -108,6 +92,15 @@ def _check_num_clients(num_clients: Any, num_samples: int) -> int:
     )
 
 
+def _check_alpha(alpha: Any) -> None:
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float | np.number):
+        raise ConfigError(f"'partition.alpha' must be a number > 0, got {alpha!r}")
+    if not alpha > 0:
+        raise ConfigError(f"'partition.alpha' must be > 0, got {alpha!r}")
+    if not np.isfinite(alpha):
+        raise ConfigError(f"'partition.alpha' must be finite, got {alpha!r}")
+
+
 def _even_sizes(total: int, parts: int) -> np.ndarray:
     """Sizes of `parts` pieces of `total` differing by at most 1 (larger pieces first)."""
     sizes = np.full(parts, total // parts, dtype=np.int64)
@@ -115,10 +108,10 @@ def _even_sizes(total: int, parts: int) -> np.ndarray:
     return sizes
 
 
-# --- partitioners -------------------------------------------------------------------------------
+# --- label-array algorithms ---------------------------------------------------------------------
 
 
-def iid(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
+def iid_split(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
     """Uniformly random split into equal-ish clients (sizes differ by at most 1): the baseline."""
     labels = _check_labels(labels)
     num_clients = _check_num_clients(num_clients, len(labels))
@@ -130,7 +123,7 @@ def iid(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
     return _from_assignment(client_of, num_clients)
 
 
-def dirichlet(
+def dirichlet_split(
     labels: np.ndarray, num_clients: int, seed: int, *, alpha: float = 0.5, min_size: int = 1
 ) -> ClientSplit:
     """Label skew: each class is spread over clients by proportions ~ Dirichlet(alpha).
@@ -140,13 +133,7 @@ def dirichlet(
     """
     labels = _check_labels(labels)
     num_clients = _check_num_clients(num_clients, len(labels))
-    if (
-        isinstance(alpha, bool)
-        or not isinstance(alpha, int | float | np.number)
-        or not np.isfinite(alpha)
-        or alpha <= 0
-    ):
-        raise ConfigError(f"'partition.alpha' must be a finite number > 0, got {alpha!r}")
+    _check_alpha(alpha)
     min_size = _check_int(
         "partition.min_size",
         min_size,
@@ -190,7 +177,7 @@ def dirichlet(
     return _from_assignment(client_of, num_clients)
 
 
-def shards(
+def shards_split(
     labels: np.ndarray, num_clients: int, seed: int, *, shards_per_client: int = 2
 ) -> ClientSplit:
     """McMahan et al.'s pathological non-IID split: sort by label, deal out contiguous shards.
@@ -221,7 +208,7 @@ def shards(
     return _from_assignment(client_of, num_clients)
 
 
-def one_class(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
+def one_class_split(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
     """Each client holds one class only (FedAwS's setting): client i gets class i mod C'.
 
     C' counts the classes present (ascending); a class shared by several clients has its
@@ -263,7 +250,7 @@ def one_class(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
     return _from_assignment(client_of, num_clients)
 
 
-def natural(groups: np.ndarray | None, num_clients: int, seed: int) -> ClientSplit:
+def natural_split(groups: np.ndarray | None, num_clients: int, seed: int) -> ClientSplit:
     """Clients = the dataset's natural groups (e.g. FEMNIST writers), in ascending group order.
 
     With fewer clients than groups, a seeded random subset of groups is used (the other samples
@@ -292,72 +279,242 @@ def natural(groups: np.ndarray | None, num_clients: int, seed: int) -> ClientSpl
     return _from_assignment(client_of_group[group_of], num_clients)
 
 
-def kmodes(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
-    """CMDA: clients = k-modes clusters of multi-hot label vectors (raysim.data.cmda)."""
-    from raysim.data import cmda
-
-    return cmda.kmodes(labels, num_clients, seed)
+# --- the registered partitioners (the contract in the module docstring) ------------------------
 
 
-def random(labels: np.ndarray, num_clients: int, seed: int) -> ClientSplit:
-    """Uniformly random near-equal clients for any label shape (raysim.data.cmda)."""
-    from raysim.data import cmda
-
-    return cmda.random(labels, num_clients, seed)
+def _multi_hot(dataset: Dataset) -> bool:
+    return np.ndim(dataset.train_y) == 2
 
 
-PARTITIONERS: dict[str, Callable[..., ClientSplit]] = {
-    "iid": iid,
-    "dirichlet": dirichlet,
-    "shards": shards,
-    "one_class": one_class,
-    "natural": natural,
-    "kmodes": kmodes,
-    "random": random,
-}
+def _multilabel_result(split: cmda.MultiLabelSplit) -> PartitionResult:
+    return PartitionResult(split.train, split.validation)
 
 
-def make_split(
-    dataset: Dataset,
-    name: str,
-    num_clients: int,
-    seed: int,
-    *,
-    alpha: float,
-    shards_per_client: int,
-    min_size: int = 1,
-) -> ClientSplit:
-    """Split `dataset`'s training set with the partitioner called `name` (the config entry)."""
-    if name not in PARTITIONERS:
-        choices = sorted(PARTITIONERS)
+def _single_label_only(name: str, dataset: Dataset) -> None:
+    if _multi_hot(dataset):
         raise ConfigError(
-            f"unknown partition.name '{name}'{closest(name, choices)}; "
-            f"choices: {', '.join(choices)}"
+            f"partition '{name}' splits single-label data; dataset '{dataset.name}' has "
+            f"multi-hot labels: choose partition.name kmodes, random, iid or dirichlet"
         )
-    if np.ndim(dataset.train_y) == 2 and name != "natural":
-        # Multi-hot labels: the multi-label splits, which also place the validation set.
-        from raysim.data.cmda import split_multilabel
 
-        return split_multilabel(
-            dataset.train_y, dataset.test_y, name, num_clients, seed, alpha=alpha
-        ).train
-    if name == "kmodes":
+
+def iid(dataset: Dataset, num_clients: int, seed: int) -> ClientSplit | PartitionResult:
+    """Uniformly random near-equal clients (the baseline); on multi-hot labels the test set is
+    split over the clients the same way (CMDA's random split)."""
+    if _multi_hot(dataset):
+        split = cmda.random_split(dataset.train_y, dataset.test_y, num_clients, seed)
+        return _multilabel_result(split)
+    return iid_split(dataset.train_y, num_clients, seed)
+
+
+def dirichlet(
+    dataset: Dataset, num_clients: int, seed: int, *, alpha: float = 0.5, min_size: int = 1
+) -> ClientSplit | PartitionResult:
+    """Label skew ~ Dirichlet(alpha) per class; on multi-hot labels per primary (rarest) label,
+    for the training and the test rows alike (raysim.data.cmda.dirichlet_split)."""
+    if _multi_hot(dataset):
+        _check_alpha(alpha)
+        if min_size != 1:
+            raise ConfigError(
+                f"partition 'dirichlet' on multi-hot labels (dataset '{dataset.name}') does not "
+                f"take 'partition.min_size'"
+            )
+        split = cmda.dirichlet_split(dataset.train_y, dataset.test_y, num_clients, seed, alpha)
+        return _multilabel_result(split)
+    return dirichlet_split(dataset.train_y, num_clients, seed, alpha=alpha, min_size=min_size)
+
+
+def _check_dirichlet_options(*, alpha: float = 0.5, min_size: int = 1) -> None:
+    _check_alpha(alpha)
+    _check_int("partition.min_size", min_size, 0)
+
+
+dirichlet.check_options = _check_dirichlet_options  # type: ignore[attr-defined]
+
+
+def shards(
+    dataset: Dataset, num_clients: int, seed: int, *, shards_per_client: int = 2
+) -> ClientSplit:
+    """McMahan et al.'s pathological non-IID split (single-label data)."""
+    _single_label_only("shards", dataset)
+    return shards_split(dataset.train_y, num_clients, seed, shards_per_client=shards_per_client)
+
+
+def _check_shards_options(*, shards_per_client: int = 2) -> None:
+    _check_int("partition.shards_per_client", shards_per_client, 1)
+
+
+shards.check_options = _check_shards_options  # type: ignore[attr-defined]
+
+
+def one_class(dataset: Dataset, num_clients: int, seed: int) -> ClientSplit:
+    """Each client holds one class only (FedAwS's setting; single-label data)."""
+    _single_label_only("one_class", dataset)
+    return one_class_split(dataset.train_y, num_clients, seed)
+
+
+def natural(dataset: Dataset, num_clients: int, seed: int) -> ClientSplit:
+    """Clients = the dataset's natural groups (`train_groups`, e.g. FEMNIST writers)."""
+    if dataset.train_groups is None:
+        raise ConfigError(
+            f"partition 'natural': dataset '{dataset.name}' has no natural "
+            f"clients; choose another partition.name"
+        )
+    return natural_split(dataset.train_groups, num_clients, seed)
+
+
+def kmodes(dataset: Dataset, num_clients: int, seed: int) -> PartitionResult:
+    """CMDA: clients = k-modes clusters of multi-hot label vectors; test rows go to the nearest
+    training mode (raysim.data.cmda.kmodes_split)."""
+    if not _multi_hot(dataset):
         raise ConfigError(
             f"partition 'kmodes' clusters multi-hot label vectors; dataset '{dataset.name}' "
             f"is single-label"
         )
-    if name == "natural":
-        if dataset.train_groups is None:
+    split = cmda.kmodes_split(dataset.train_y, dataset.test_y, num_clients, seed)
+    return _multilabel_result(split)
+
+
+def random(dataset: Dataset, num_clients: int, seed: int) -> ClientSplit | PartitionResult:
+    """Uniformly random near-equal clients for any label shape (raysim.data.cmda.random_split);
+    on multi-hot labels the test set is split too."""
+    if _multi_hot(dataset):
+        split = cmda.random_split(dataset.train_y, dataset.test_y, num_clients, seed)
+        return _multilabel_result(split)
+    return cmda.random_split(dataset.train_y, dataset.train_y[:1], num_clients, seed).train
+
+
+# --- the dispatcher -------------------------------------------------------------------------------
+
+
+def check_partition_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of partitioner `name`, checked without data: names and types against its
+    keyword-only parameters, then its `check_options` attribute if it has one."""
+    from raysim import registry
+
+    checked = registry.partitioners.check_options(name, options, "partition")
+    check = getattr(registry.partitioners.get(name), "check_options", None)
+    if callable(check):
+        check(**checked)
+    return checked
+
+
+def split_dataset(
+    dataset: Dataset,
+    name: str,
+    num_clients: int,
+    seed: int,
+    options: Mapping[str, Any] | None = None,
+) -> PartitionResult:
+    """Split `dataset` with the partitioner `name` (registered name or `module:attr`).
+
+    Single- and multi-label data alike: the partitioner decides what it can split. Its result
+    is checked (a ClientSplit or PartitionResult, `num_clients` clients, row ids in range).
+    """
+    from raysim import registry
+
+    checked = check_partition_options(name, options or {})
+    produced = registry.partitioners.build(name, dataset, num_clients, seed, **checked)
+    if isinstance(produced, ClientSplit):
+        produced = PartitionResult(produced)
+    if not isinstance(produced, PartitionResult):
+        raise ConfigError(
+            f"partitioner '{name}' returned a {type(produced).__name__}; a partitioner returns "
+            f"a ClientSplit or a PartitionResult"
+        )
+    for what, split, rows in (
+        ("training", produced.train, len(dataset.train_y)),
+        ("validation", produced.validation, len(dataset.test_y)),
+    ):
+        if split is None:
+            continue
+        if split.num_clients != num_clients:
             raise ConfigError(
-                f"partition 'natural': dataset '{dataset.name}' has no natural "
-                f"clients; choose another partition.name"
+                f"partitioner '{name}' returned {split.num_clients} {what} clients, but "
+                f"partition.num_clients is {num_clients}"
             )
-        return natural(dataset.train_groups, num_clients, seed)
-    if name == "dirichlet":
-        return dirichlet(dataset.train_y, num_clients, seed, alpha=alpha, min_size=min_size)
-    if name == "shards":
-        return shards(dataset.train_y, num_clients, seed, shards_per_client=shards_per_client)
-    return PARTITIONERS[name](dataset.train_y, num_clients, seed)
+        if len(split.indices) and (split.indices.min() < 0 or split.indices.max() >= rows):
+            raise ConfigError(f"partitioner '{name}' returned {what} row ids outside [0, {rows})")
+    return produced
+
+
+def _options_with_defaults(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The partitioner's keyword-only defaults overridden by `options` (for the cache key)."""
+    import inspect
+
+    from raysim import registry
+
+    parameters = inspect.signature(registry.partitioners.get(name)).parameters.values()
+    return {
+        p.name: p.default
+        for p in parameters
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
+    } | dict(options)
+
+
+# The last run split, per dataset object: the loop asks once for the training split and once
+# for the validation split of the same run.
+_LAST_RUN_SPLIT: tuple[Any, str, PartitionResult] | None = None
+
+
+def split_for_run(config: Config, dataset: Dataset) -> PartitionResult:
+    """The run's partition (`partition:` section, the run's partition seed), read from the parquet
+    cache in `partition.cache_dir` when it has it (and written there when it has not)."""
+    global _LAST_RUN_SPLIT
+    from raysim.core.sampling import PARTITION, purpose_seed
+
+    part = config.partition
+    sections = config.to_dict()
+    identity = {
+        "name": part.name,
+        "num_clients": part.num_clients,
+        "options": _options_with_defaults(part.name, part.options),
+    }
+    memo_key = json.dumps(
+        [sections["data"], identity, config.run.seed, part.cache_dir], sort_keys=True, default=str
+    )
+    if _LAST_RUN_SPLIT is not None:
+        last_dataset, last_key, last_result = _LAST_RUN_SPLIT
+        if last_dataset() is dataset and last_key == memo_key:
+            return last_result
+
+    def compute() -> PartitionResult:
+        seed = purpose_seed(config.run.seed, PARTITION)
+        return split_dataset(dataset, part.name, part.num_clients, seed, part.options)
+
+    if not part.cache_dir:
+        result = compute()
+    else:
+        from raysim.data.store import load_split, save_split, split_cache_key
+
+        key = split_cache_key(
+            data=sections["data"],
+            partition=identity,
+            seed=config.run.seed,
+            num_train=len(dataset.train_y),
+        )
+        path = Path(part.cache_dir) / f"split_{key}.parquet"
+        validation_path = path.with_name(f"split_{key}_validation.parquet")
+        result = None
+        if path.exists():
+            train, metadata = load_split(path)
+            if not metadata.get("validation"):
+                result = PartitionResult(train)
+            elif validation_path.exists():
+                result = PartitionResult(train, load_split(validation_path)[0])
+        if result is None:
+            result = compute()
+            metadata = {
+                "dataset": dataset.name,
+                "partition": part.name,
+                "validation": result.validation is not None,
+            }
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if result.validation is not None:  # first: a training file implies its validation
+                save_split(validation_path, result.validation, metadata)
+            save_split(path, result.train, metadata)
+    _LAST_RUN_SPLIT = (weakref.ref(dataset), memo_key, result)
+    return result
 
 
 # --- inspection ---------------------------------------------------------------------------------
@@ -434,3 +591,29 @@ def describe_split(
     if split.num_clients > shown:
         lines.append(f"... {split.num_clients - shown} more clients not shown")
     return "\n".join(lines)
+
+
+def describe_partition(result: PartitionResult, dataset: Dataset, max_rows: int = 20) -> str:
+    """`raysim partition CONFIG`'s report: `describe_split` for single-label data; sizes, top
+    labels and pairwise label KL of the training and validation splits for multi-hot labels."""
+    if _multi_hot(dataset):
+        parts = [("train", result.train, dataset.train_y)]
+        if result.validation is not None:
+            parts.append(("validation", result.validation, dataset.test_y))
+        texts = []
+        for what, split, labels in parts:
+            lines = cmda.describe_report(cmda.split_report(labels, split), f"{what}: ").splitlines()
+            hidden = split.num_clients - max_rows
+            lines = lines[: 2 + max_rows]
+            if hidden > 0:
+                lines.append(f"... {hidden} more clients not shown")
+            texts.append("\n".join(lines))
+        return "\n".join(texts)
+    text = describe_split(result.train, dataset.train_y, dataset.num_classes, max_rows)
+    if result.validation is not None:
+        sizes = result.validation.sizes
+        text += (
+            f"\nvalidation: {len(result.validation.indices)} test rows, client size min "
+            f"{sizes.min()} max {sizes.max()}"
+        )
+    return text

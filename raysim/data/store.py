@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raysim.data.partition import ClientSplit
+from raysim.data.split import ClientSplit
 from raysim.errors import DataError
 
 _FORMAT_KEY = b"raysim.format"
