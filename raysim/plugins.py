@@ -123,15 +123,26 @@ def modules_to_ship(extra: Iterable[Any] = ()) -> list[str]:
         remember_callable(target)
     installed = _installed_roots()
     raysim_root = Path(__file__).resolve().parent
-    paths: list[str] = []
-    for name in sorted(_USER_MODULES):
+
+    def local_path(name: str) -> Path | None:
         module = sys.modules.get(name)
         if module is None or name in ("__main__", "raysim"):
-            continue
+            return None
         path = _module_path(module)
         if path is None or path == raysim_root or raysim_root in path.parents:
-            continue
+            return None
         if any(root == path or root in path.parents for root in installed):
+            return None
+        return path
+
+    chosen = {name: path for name in _USER_MODULES if (path := local_path(name)) is not None}
+    # Sibling modules the plug-ins imported from their own folder (helpers of the user's code)
+    # go too: a worker importing the plug-in imports them as well.
+    folders = {path.parent for path in chosen.values()}
+    for name in list(sys.modules):
+        if "." in name or name in chosen:
             continue
-        paths.append(str(path))
-    return paths
+        path = local_path(name)
+        if path is not None and path.parent in folders:
+            chosen[name] = path
+    return sorted(str(path) for path in chosen.values())

@@ -83,8 +83,10 @@ class Registry:
         return target
 
     def user_entries(self) -> dict[str, str | Callable[..., Any]]:
-        """The entries registered from user code (not raysim's own), name -> target."""
-        return {n: t for n, t in self._targets.items() if n not in self._builtin}
+        """The entries registered from user code (not raysim's own) and the import paths
+        resolved so far, name -> target."""
+        entries = {n: t for n, t in self._targets.items() if n not in self._builtin}
+        return {**entries, **self._imported}
 
     def option_names(self, name: str) -> list[str]:
         """The keyword-only parameters of the factory: the options a config may set."""
@@ -184,7 +186,9 @@ def install(entries: Mapping[str, Mapping[str, Any]] | None) -> None:
     """Register a `snapshot()` taken in another process (names already known are kept)."""
     for reg in _ALL:
         for name, target in (entries or {}).get(reg.kind, {}).items():
-            if name not in reg._targets:
+            if is_import_path(name):
+                reg._imported.setdefault(name, target)  # resolved in the driver already
+            elif name not in reg._targets:
                 reg._targets[name] = target
 
 

@@ -250,9 +250,11 @@ def run_on_cluster(
     rounds: int,
     extra: list[str] = (),
     address: str = "auto",
+    cwd: Path = REPO_ROOT,
 ) -> tuple[dict, str]:
-    """`raysim run CONFIG --address auto` (or another address) on the cluster; returns
-    summary.json and the run's output (stdout + stderr)."""
+    """`raysim run CONFIG --address auto` (or another address) on the cluster, run in `cwd`
+    (e.g. a folder of the user's own plug-ins); returns summary.json and the run's output
+    (stdout + stderr)."""
     command = [
         sys.executable,
         "-m",
@@ -271,7 +273,7 @@ def run_on_cluster(
         *extra,
     ]
     result = subprocess.run(
-        command, cwd=REPO_ROOT, env=cluster.env(), capture_output=True, text=True, timeout=600
+        command, cwd=cwd, env=cluster.env(), capture_output=True, text=True, timeout=600
     )
     if result.returncode != 0:
         raise RuntimeError(f"raysim run failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from raysim import config as config_module
 from raysim.core.loop import run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,9 @@ def _cluster_script():
 
 
 @pytest.mark.skipif(shutil.which("ray") is None, reason="the ray CLI is not installed")
-def test_two_node_cluster_runs_clients_on_both_nodes(digits_config, digits_config_path, tmp_path):
+def test_two_node_cluster_runs_clients_on_both_nodes(
+    digits_config, digits_config_path, tmp_path, monkeypatch
+):
     cluster_script = _cluster_script()
     with cluster_script.two_node_cluster() as cluster:
         root = cluster.root
@@ -48,6 +51,13 @@ def test_two_node_cluster_runs_clients_on_both_nodes(digits_config, digits_confi
             extra=["--set", "clients.num_gpus=0.25"],
         )
         metrics = _wait_for_metrics(cluster_script, cluster.metrics_ports)
+        # a researcher's own plug-ins (examples/plugins copied outside the repo), run from
+        # their folder: their modules must reach the other node's workers
+        plugins = tmp_path / "my_plugins"
+        shutil.copytree(REPO_ROOT / "examples" / "plugins", plugins)
+        plugin_summary, plugin_output = cluster_script.run_on_cluster(
+            cluster, "everything.yaml", root / "plugins", ROUNDS, cwd=plugins
+        )
         assert cluster_script.leftover_processes(str(root))  # sanity: the marker finds them
     # teardown: nothing of either node is left, and its files are gone
     assert cluster_script.leftover_processes(str(root)) == []
@@ -69,6 +79,19 @@ def test_two_node_cluster_runs_clients_on_both_nodes(digits_config, digits_confi
     )
     assert summary["final"]["accuracy"] == local.summary["final"]["accuracy"]
     assert summary["final"]["train_loss"] == local.summary["final"]["train_loss"]
+
+    assert "sending plug-in code to the workers" in plugin_output
+    assert len(plugin_summary["task_nodes"]) == 2, plugin_summary["task_nodes"]
+    monkeypatch.chdir(plugins)  # the plug-ins import from the folder raysim runs in
+    plugin_local = run(
+        config_module.load(
+            plugins / "everything.yaml", [f"run.rounds={ROUNDS}", "clients.per_task=5"]
+        ),
+        tmp_path / "plugins_local",
+        progress=False,
+        tensorboard=False,
+    )
+    assert plugin_summary["final"] == plugin_local.summary["final"]  # bit for bit
 
     # Ray custom metrics from the server actor, exported by its node's metrics agent
     assert _metric(metrics, "rounds_total") == ROUNDS

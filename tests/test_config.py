@@ -259,8 +259,10 @@ def test_public_api_is_pinned():
         "ConfigError",
         "DataError",
         "RaysimError",
+        "RunRecord",
         "RunResult",
         "load_config",
+        "load_run",
         "resume",
         "run",
     ]

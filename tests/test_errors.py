@@ -101,7 +101,10 @@ def _assert_names_choices(message: str, expected: str) -> None:
     """Same message, except that the choices may have grown (new plug-ins), still sorted."""
     prefix, _, listed = expected.partition("; choices: ")
     assert message.startswith(prefix + "; choices: "), message
-    choices = message.partition("; choices: ")[2].split(", ")
+    # after the choices: the hint that a plug-in of your own is named by import path
+    listing, _, hint = message.partition("; choices: ")[2].partition(" (or ")
+    assert hint == "'package.module:attr' of your own)", message
+    choices = listing.split(", ")
     assert set(listed.split(", ")) <= set(choices) and choices == sorted(choices), message
 
 

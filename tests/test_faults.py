@@ -147,8 +147,9 @@ def test_a_round_whose_every_client_is_dropped_keeps_the_model(tmp_path):
         "faults.client_failure_rate=1.0",
         "clients.max_retries=0",
     )
-    _, _, backend, _ = _start(config, None)
+    backend = _start(config, None)
     initial = backend.get_state()  # round 0 of a fresh server
+    backend.shutdown()
     result = _run(config, tmp_path)
     records = _records(tmp_path)
     assert [(r["clients_failed"], r["clients_dropped"]) for r in records] == [(10, 10)] * 2

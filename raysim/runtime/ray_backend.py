@@ -17,6 +17,7 @@ import math
 import os
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -61,10 +62,7 @@ def connect(
     if ray.is_initialized():
         return False
     address = address or runtime.address
-    user_modules = modules_to_ship()
-    runtime_env = {"py_modules": user_modules} if user_modules else None
-    if user_modules:
-        print(f"raysim: sending plug-in code to the workers: {', '.join(user_modules)}", flush=True)
+    runtime_env = plugin_runtime_env()
     if address:
         context = ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
     else:
@@ -80,6 +78,38 @@ def connect(
     if url:
         print(f"Ray dashboard: http://{url}", flush=True)
     return True
+
+
+def plugin_runtime_env() -> dict | None:
+    """The job runtime_env that brings the user's plug-in modules to every worker of a Ray that
+    raysim starts or joins (None: no user modules)."""
+    user_modules = modules_to_ship()
+    if not user_modules:
+        return None
+    print(f"raysim: sending plug-in code to the workers: {', '.join(user_modules)}", flush=True)
+    return {"py_modules": user_modules}
+
+
+def ship_plugins_by_value() -> None:
+    """Ray was started by someone else (a notebook's ray.init, a test session), so the job's
+    runtime_env is not raysim's to set: the user's plug-in modules are pickled by value
+    instead, inside the objects the workers receive (the run context carries every plug-in
+    the driver resolved, raysim.registry.snapshot)."""
+    import sys
+
+    from ray import cloudpickle
+
+    names = [
+        Path(path).stem if path.endswith(".py") else Path(path).name for path in modules_to_ship()
+    ]
+    for name in names:
+        cloudpickle.register_pickle_by_value(sys.modules[name])
+    if names:
+        print(
+            f"raysim: Ray was started outside raysim; sending plug-in modules by value: "
+            f"{', '.join(names)}",
+            flush=True,
+        )
 
 
 # Per worker process: the run's immutable bundle (context, algorithm, training data), fetched
@@ -364,6 +394,8 @@ class RayBackend:
         """Connect to (or start) Ray, load the data in a task, split it (`prepare`), start the
         server actor. A Ray this call started is shut down by `shutdown`."""
         started_ray = connect(config.runtime, address)
+        if not started_ray:
+            ship_plugins_by_value()
         try:
             dataset, train_x_ref = load_dataset_in_cluster(config)
             split, ctx = prepare(dataset)

@@ -1,0 +1,31 @@
+"""An algorithm plug-in: FedAvg with client-side update clipping.
+
+Each client scales its delta down to an L2 norm of at most `max_norm` before sending it: the
+clipping step of DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent Language
+Models", ICLR 2018), without the noise. Everything else is FedAvg: the subclass only changes
+what `client_update` returns. Named in a config as `clipped_fedavg:ClippedFedAvg`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raysim import ConfigError
+from raysim.algorithms.fedavg import FedAvg
+
+
+class ClippedFedAvg(FedAvg):
+    def __init__(self, *, max_norm: float = 1.0) -> None:
+        super().__init__()
+        if not max_norm > 0:
+            raise ConfigError(f"'algorithm.max_norm' must be > 0, got {max_norm}")
+        self.max_norm = float(max_norm)
+
+    def client_update(self, payload, x, y, client_id, generator, ctx):
+        update = super().client_update(payload, x, y, client_id, generator, ctx)
+        delta = update.message  # the float32 delta; the run's codec encodes it after this
+        norm = float(np.linalg.norm(delta.astype(np.float64)))
+        if norm > self.max_norm:
+            update.message = (delta * np.float32(self.max_norm / norm)).astype(np.float32)
+        update.metrics["clipped"] = float(norm > self.max_norm)
+        return update
