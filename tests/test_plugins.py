@@ -290,6 +290,4 @@ def test_extending_doc_shows_the_example_files_as_they_are():
     doc = (REPO_ROOT / "docs" / "EXTENDING.md").read_text()
     shown = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".py", ".yaml"))
     missing = [name for name in shown if (EXAMPLES / name).read_text().strip() not in doc]
-    assert missing == [] or set(missing) <= {
-        f"{n}.yaml" for n in ("residual_mlp", "blobs", "sorted_blocks")
-    }, missing
+    assert missing == []
