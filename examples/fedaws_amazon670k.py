@@ -48,7 +48,7 @@ REGIMES = {  # name: embedding dim d (C = 512 classes)
     "C/d=8": 64,  # the main setting: every method, and FedAwS with approximate mining
     "C/d=32": 16,  # the paper's regime: random class rows are far from orthogonal
 }
-# Amazon-670K's paper setting (the model of DESIGN §4.3), used with --scale and --data-dir.
+# Amazon-670K's paper setting (the FedAwS paper's model), used with --scale and --data-dir.
 FULL_MODEL = {"bag_dim": 512, "hidden": [1024, 1024], "embedding_dim": 512}
 SMALL_MODEL = {"bag_dim": 64, "hidden": [128, 128]}
 

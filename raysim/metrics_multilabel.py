@@ -1,4 +1,4 @@
-"""Multi-label metrics (FLAG, DESIGN.md §4.2): mAP per client and its AmAP / WmAP / GmAP.
+"""Multi-label metrics (FLAG): mAP per client and its AmAP / WmAP / GmAP.
 
 mAP  = mean over the labels with at least one positive of the average precision (AP) of that
        label's scores; AP is scikit-learn's step-wise definition (no interpolation):

@@ -48,7 +48,7 @@ CLIENT_MODEL_PREFIX = "client_model."
 
 
 def label_weights(wideness: np.ndarray, occurrence: np.ndarray, alpha: float) -> np.ndarray:
-    """FLAG's client weights from label statistics (DESIGN.md §4.2) - a RECONSTRUCTION.
+    """FLAG's client weights from label statistics - a RECONSTRUCTION.
 
     The paper's exact formula was not available; this is our reading of its description:
       wideness   D_c = |{l : count_c(l) > 0}| / L   (how many labels client c covers)

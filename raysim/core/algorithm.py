@@ -1,6 +1,6 @@
 """The Algorithm protocol and the run context shared by the server and the client tasks.
 
-An algorithm is a plug-in with five pure-ish methods (DESIGN.md §3). The engine never looks
+An algorithm is a plug-in with five pure-ish methods (docs/ARCHITECTURE.md). The engine never looks
 inside payloads or states; it only moves them, counts their bytes and reduces updates in
 client-id order. How clients are executed (in-process or as Ray tasks) is the backend's job,
 never the algorithm's.

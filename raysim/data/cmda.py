@@ -14,7 +14,7 @@ on each client's own validation data:
 This module holds the multi-label algorithms only (on label arrays); the registered partitioners
 `kmodes`, `random`, `iid` and `dirichlet` (raysim.data.partition) call them for multi-hot data.
 
-`split_report` measures the label-distribution skew as DESIGN.md §4.2 defines it:
+`split_report` measures the label-distribution skew as FLAG's paper measures it:
 Ldist_c[l] = (count_c(l) + eps) / sum_l (count_c(l) + eps), the pairwise KL matrix
 KL(Ldist_i || Ldist_j) and its total; `save_split_plots` draws the KL heatmap and the client size
 bar chart as PNG files (Pillow, no plotting library) and logs them to TensorBoard.

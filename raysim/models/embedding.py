@@ -31,7 +31,7 @@ def _positive(name: str, value: int) -> int:
 
 
 class XMLEmbeddingBag(nn.Module):
-    """Bag of feature ids -> L2-normalised embedding (DESIGN 4.3, the Amazon-670K network).
+    """Bag of feature ids -> L2-normalised embedding (the Amazon-670K network of FedAwS).
 
     Input: int (batch, P) feature ids padded with `num_features`; padding ids are excluded from
     the mean and their row stays zero. Output: float (batch, embedding_dim), unit norm.

@@ -1,4 +1,4 @@
-"""The explicit client state store (DESIGN.md §2): per-client arrays kept between rounds.
+"""The explicit client state store: per-client arrays kept between rounds.
 
 Clients are stateless tasks; a method that needs per-client memory (personal BatchNorm or
 classifier layers, a local-only model, error feedback) reads and writes it here, keyed by client
