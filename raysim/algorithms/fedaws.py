@@ -42,6 +42,7 @@ from torch import nn
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
+from raysim.core.training import local_training
 from raysim.errors import ConfigError
 from raysim.models.vector import build_model, cached_model, get_vector, set_vector
 
@@ -296,24 +297,22 @@ class _ClassEmbeddingMethod:
     def _train_locally(
         self, model, layout, x, y, local_x, table, generator, optimizer, ctx, batch_loss
     ) -> float:
-        """E epochs of minibatches in the client's own shuffled order; `batch_loss(embedding,
-        batch indices)` is the method's loss. Returns the mean training loss."""
+        """E epochs of minibatches in the client's own shuffled order (raysim.core.training);
+        `batch_loss(embedding, batch indices)` is the method's loss. Returns the mean loss."""
         clients = ctx.config.clients
-        loss_sum, steps = 0.0, 0
-        for _ in range(clients.local_epochs):
-            order = torch.randperm(len(y), generator=generator)
-            for start in range(0, len(y), clients.batch_size):
-                batch = order[start : start + clients.batch_size]
-                embedding = self._embed(
-                    model, layout, x[batch], None if local_x is None else local_x[batch], table
-                )
-                loss = batch_loss(embedding, batch)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                loss_sum += float(loss.detach())
-                steps += 1
-        return loss_sum / max(1, steps)
+
+        def loss_fn(batch: torch.Tensor) -> torch.Tensor:
+            local_batch = None if local_x is None else local_x[batch]
+            return batch_loss(self._embed(model, layout, x[batch], local_batch, table), batch)
+
+        return local_training(
+            len(y),
+            generator,
+            batch_size=clients.batch_size,
+            epochs=clients.local_epochs,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+        )
 
     def _theta_message(self, model, layout, broadcast, touched, table) -> dict:
         """The theta part of a client's message: dense delta (+ touched bag rows' delta)."""
