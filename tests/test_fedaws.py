@@ -7,18 +7,14 @@ import pytest
 import torch
 
 from raysim import config as config_module
-from raysim.algorithms.fedaws import (
-    Broadcast,
-    FedAwS,
-    mean_pairwise_cosine,
-    positive_loss,
-    precision_at_k,
-    to_fixed,
-)
+from raysim.algorithms.class_embedding import Broadcast
+from raysim.algorithms.fedaws import FedAwS, positive_loss
 from raysim.core.clients import single_class_of_clients, train_clients
+from raysim.core.fixed_point import to_fixed
 from raysim.core.loop import load_dataset, run, run_context, split_clients
 from raysim.core.server import Server
 from raysim.core.state import RoundInfo
+from raysim.metrics_xml import mean_pairwise_cosine, precision_at_k
 
 TINY = {
     "run": {"seed": 3, "rounds": 3, "eval_every": 1, "checkpoint_every": 0},

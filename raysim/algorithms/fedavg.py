@@ -17,53 +17,10 @@ from torch import nn
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
+from raysim.core.training import local_training
 from raysim.metrics import evaluate_classifier
 from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
 from raysim.runtime.devices import autocast, client_device
-
-
-def local_sgd(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    generator: torch.Generator,
-    ctx: RunContext,
-    proximal_mu: float = 0.0,
-    mixed_precision: bool = False,
-) -> float:
-    """E epochs of minibatch SGD on one client's data; returns the mean training loss.
-
-    Batches are shuffled with the client's own generator, so the result depends only on
-    (seed, round, client id), never on which worker ran the client. The model and the data
-    may live on a GPU (the batch order is drawn on the CPU either way); `mixed_precision`
-    runs the forward pass and the loss under bfloat16 autocast.
-    """
-    clients = ctx.config.clients
-    optimizer = torch.optim.SGD(
-        model.parameters(),
-        lr=clients.lr,
-        momentum=clients.momentum,
-        weight_decay=clients.weight_decay,
-    )
-    anchors = [p.detach().clone() for p in model.parameters()] if proximal_mu else None
-    loss_sum, steps = 0.0, 0
-    for _ in range(clients.local_epochs):
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), clients.batch_size):
-            batch = order[start : start + clients.batch_size].to(x.device)
-            with autocast(x.device, mixed_precision):
-                loss = nn.functional.cross_entropy(model(x[batch]).float(), y[batch])
-            if anchors is not None:
-                proximal = sum(
-                    ((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchors, strict=True)
-                )
-                loss = loss + 0.5 * proximal_mu * proximal
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += float(loss.detach())
-            steps += 1
-    return loss_sum / max(1, steps)
 
 
 class _DeltaAveraging:
@@ -105,7 +62,7 @@ class _DeltaAveraging:
         loss = float("nan")
         if len(y):
             x, y = x.to(device), y.to(device)
-            loss = local_sgd(model, x, y, generator, ctx, self.proximal_mu, self.mixed_precision)
+            loss = self.train_locally(model, x, y, generator, ctx)
         delta = get_vector(model) - payload
         # The task encodes the delta with the run's codec (raysim.core.codecs).
         return ClientUpdate(
@@ -114,6 +71,38 @@ class _DeltaAveraging:
 
     def update_layout(self, ctx: RunContext):
         return model_layout(ctx)
+
+    def train_locally(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator, ctx: RunContext
+    ) -> float:
+        """E epochs of minibatch SGD (cross-entropy, + FedProx's proximal term) on one client's
+        data (raysim.core.training); returns the mean training loss.
+
+        The model and the data may live on a GPU (the batch order is drawn on the CPU either
+        way); `mixed_precision` runs the forward pass and the loss under bfloat16 autocast.
+        """
+        clients = ctx.config.clients
+        optimizer = torch.optim.SGD(
+            model.parameters(),
+            lr=clients.lr,
+            momentum=clients.momentum,
+            weight_decay=clients.weight_decay,
+        )
+
+        def loss_fn(batch: torch.Tensor) -> torch.Tensor:
+            with autocast(x.device, self.mixed_precision):
+                return nn.functional.cross_entropy(model(x[batch]).float(), y[batch])
+
+        return local_training(
+            len(y),
+            generator,
+            batch_size=clients.batch_size,
+            epochs=clients.local_epochs,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            proximal_mu=self.proximal_mu,
+            device=x.device,
+        )
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext

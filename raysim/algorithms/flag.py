@@ -31,6 +31,7 @@ from torch import nn
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, Contribution, RoundInfo, ServerState
+from raysim.core.training import local_training
 from raysim.errors import ConfigError
 from raysim.losses import multilabel_loss
 from raysim.metrics_multilabel import (
@@ -127,61 +128,6 @@ class LabelWeightedMean:
         return combined.astype(np.float32)
 
 
-def local_multilabel_training(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    generator: torch.Generator,
-    ctx: RunContext,
-    loss_fn,
-    optimizer: str = "adam",
-    schedule: str = "onecycle",
-    proximal_mu: float = 0.0,
-    parameters: Sequence[nn.Parameter] | None = None,
-    epochs: int | None = None,
-) -> float:
-    """E epochs of minibatch training with a multi-label loss; returns the mean loss.
-
-    Adam + OneCycleLR (max lr = clients.lr) by default, as in FLAG's paper; optimizer state is
-    fresh every round (clients are stateless). `parameters` restricts what is trained.
-    """
-    clients = ctx.config.clients
-    params = list(parameters) if parameters is not None else list(model.parameters())
-    if optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=clients.lr, weight_decay=clients.weight_decay)
-    else:
-        opt = torch.optim.SGD(
-            params, lr=clients.lr, momentum=clients.momentum, weight_decay=clients.weight_decay
-        )
-    epochs = clients.local_epochs if epochs is None else epochs
-    steps_per_epoch = math.ceil(len(y) / clients.batch_size)
-    scheduler = None
-    if schedule == "onecycle" and steps_per_epoch * epochs > 1:
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            opt, max_lr=clients.lr, total_steps=steps_per_epoch * epochs
-        )
-    anchors = [p.detach().clone() for p in params] if proximal_mu else None
-    targets = y.float()
-    loss_sum, steps = 0.0, 0
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), clients.batch_size):
-            batch = order[start : start + clients.batch_size]
-            loss = loss_fn(model(x[batch]), targets[batch])
-            if anchors is not None:
-                proximal = sum(((p - a) ** 2).sum() for p, a in zip(params, anchors, strict=True))
-                loss = loss + 0.5 * proximal_mu * proximal
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if scheduler is not None:
-                scheduler.step()
-            loss_sum += float(loss.detach())
-            steps += 1
-    return loss_sum / max(1, steps)
-
-
 def evaluate_multilabel(
     model: nn.Module,
     global_params: np.ndarray | None,
@@ -259,6 +205,43 @@ class MultiLabelAveraging:
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return multilabel_loss(*self.loss_options)(logits, targets)
 
+    def train_locally(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator, ctx: RunContext
+    ) -> float:
+        """E epochs of minibatch training with the multi-label loss (raysim.core.training);
+        returns the mean loss.
+
+        Adam + OneCycleLR (max lr = clients.lr) by default, as in FLAG's paper; optimizer state
+        is fresh every round (clients are stateless). FedProx's proximal term when mu > 0.
+        """
+        clients = ctx.config.clients
+        params = list(model.parameters())
+        if self.optimizer == "adam":
+            opt = torch.optim.Adam(params, lr=clients.lr, weight_decay=clients.weight_decay)
+        else:
+            opt = torch.optim.SGD(
+                params, lr=clients.lr, momentum=clients.momentum, weight_decay=clients.weight_decay
+            )
+        epochs = clients.local_epochs
+        steps_per_epoch = math.ceil(len(y) / clients.batch_size)
+        scheduler = None
+        if self.schedule == "onecycle" and steps_per_epoch * epochs > 1:
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(
+                opt, max_lr=clients.lr, total_steps=steps_per_epoch * epochs
+            )
+        targets = y.float()
+        model.train()
+        return local_training(
+            len(y),
+            generator,
+            batch_size=clients.batch_size,
+            epochs=epochs,
+            loss_fn=lambda batch: self.loss_fn(model(x[batch]), targets[batch]),
+            optimizer=opt,
+            scheduler=scheduler,
+            proximal_mu=self.mu,
+        )
+
     def check_aggregator(self, aggregator, ctx: RunContext) -> str | None:
         """FLAG's weighting needs the declared label statistics, which only label_weighted
         uses; the samples / uniform variants compose with any aggregator."""
@@ -293,9 +276,7 @@ class MultiLabelAveraging:
         set_vector(model, payload)
         loss = float("nan")
         if len(y):
-            loss = local_multilabel_training(
-                model, x, y, generator, ctx, self.loss_fn, self.optimizer, self.schedule, self.mu
-            )
+            loss = self.train_locally(model, x, y, generator, ctx)
         delta = get_vector(model) - payload
         return ClientUpdate(
             client_id=client_id,

@@ -35,6 +35,7 @@ from raysim.core.codecs import VectorLayout
 from raysim.core.rankcodec import pack, unpack
 from raysim.core.sampling import model_init_seed
 from raysim.core.state import ClientUpdate, ServerState
+from raysim.core.training import local_training, set_lr
 from raysim.errors import ConfigError
 from raysim.metrics import evaluate_classifier
 from raysim.models.supermask import WEIGHT_INITS, Supernet, cached_supernet
@@ -70,38 +71,6 @@ def split_layers(vector: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
 def cosine_lr(base_lr: float, step: int, total_steps: int) -> float:
     """Cosine annealing within one round: base_lr at step 0, towards 0 at the last step."""
     return base_lr * 0.5 * (1.0 + math.cos(math.pi * step / max(1, total_steps)))
-
-
-def edge_popup(
-    supernet: Supernet,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    generator: torch.Generator,
-    ctx: RunContext,
-    lr: float,
-) -> float:
-    """E epochs of SGD on the scores only; returns the mean training loss."""
-    clients = ctx.config.clients
-    scores = [layer.scores for layer in supernet.layers]
-    optimizer = torch.optim.SGD(
-        scores, lr=lr, momentum=clients.momentum, weight_decay=clients.weight_decay
-    )
-    total_steps = clients.local_epochs * math.ceil(len(y) / clients.batch_size)
-    model = supernet.model
-    loss_sum, step = 0.0, 0
-    for _ in range(clients.local_epochs):
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), clients.batch_size):
-            batch = order[start : start + clients.batch_size]
-            for group in optimizer.param_groups:
-                group["lr"] = cosine_lr(lr, step, total_steps)
-            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += float(loss.detach())
-            step += 1
-    return loss_sum / max(1, step)
 
 
 # --- the plug-in ---------------------------------------------------------------------------------
@@ -198,6 +167,34 @@ class FRL:
         supernet.load_rankings(self.rankings(state))
         return evaluate_classifier(supernet.model, x, y)
 
+    def train_locally(
+        self,
+        supernet: Supernet,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator: torch.Generator,
+        ctx: RunContext,
+        lr: float,
+    ) -> float:
+        """Edge-popup: E epochs of SGD on the scores only, the learning rate cosine-annealed
+        from `lr` over the round's steps (raysim.core.training); returns the mean loss."""
+        clients = ctx.config.clients
+        scores = [layer.scores for layer in supernet.layers]
+        optimizer = torch.optim.SGD(
+            scores, lr=lr, momentum=clients.momentum, weight_decay=clients.weight_decay
+        )
+        total_steps = clients.local_epochs * math.ceil(len(y) / clients.batch_size)
+        model = supernet.model
+        return local_training(
+            len(y),
+            generator,
+            batch_size=clients.batch_size,
+            epochs=clients.local_epochs,
+            loss_fn=lambda batch: nn.functional.cross_entropy(model(x[batch]), y[batch]),
+            optimizer=optimizer,
+            before_step=lambda step: set_lr(optimizer, cosine_lr(lr, step, total_steps)),
+        )
+
     # --- client --------------------------------------------------------------------------------
     def client_update(
         self,
@@ -218,7 +215,7 @@ class FRL:
         if len(y):
             supernet.load_rankings(global_rankings)
             lr = ctx.config.clients.lr * self.lr_decay**round_index
-            loss = edge_popup(supernet, x, y, generator, ctx, lr)
+            loss = self.train_locally(supernet, x, y, generator, ctx, lr)
             rankings = [ranking_of(layer.scores.detach().numpy()) for layer in supernet.layers]
         else:  # nothing to learn from: vote for the current global ranking
             rankings = global_rankings

@@ -28,10 +28,10 @@ from raysim.algorithms.flag import (
     MultiLabelAveraging,
     declared_stats,
     evaluate_multilabel,
-    local_multilabel_training,
 )
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
+from raysim.core.training import local_training
 from raysim.errors import ConfigError
 from raysim.models.vector import _tensors, cached_model, get_vector, set_vector
 
@@ -127,9 +127,7 @@ class PersonalizedAveraging(MultiLabelAveraging):
         set_vector(model, start)
         loss = float("nan")
         if len(y):
-            loss = local_multilabel_training(
-                model, x, y, generator, ctx, self.loss_fn, self.optimizer, self.schedule, self.mu
-            )
+            loss = self.train_locally(model, x, y, generator, ctx)
         trained = get_vector(model)
         store.put(client_id, {"personal": trained[mask]})
         return ClientUpdate(
@@ -229,7 +227,7 @@ class PerFedAvg(MultiLabelAveraging):
         clients = ctx.config.clients
         model = cached_model(ctx)
         targets = y.float()
-        loss_sum, steps = 0.0, 0
+        loss = float("nan")
         set_vector(model, payload)
         if len(y):
             # The personal model: one adaptation step from the received global model.
@@ -243,29 +241,39 @@ class PerFedAvg(MultiLabelAveraging):
             optimizer = torch.optim.Adam(params, lr=clients.lr)
             if self.optimizer == "sgd":
                 optimizer = torch.optim.SGD(params, lr=clients.lr, momentum=clients.momentum)
-            for _ in range(clients.local_epochs):
-                order = torch.randperm(len(y), generator=generator)
-                batches = [
-                    order[s : s + clients.batch_size] for s in range(0, len(y), clients.batch_size)
-                ]
-                for inner, outer in zip(batches[0::2], batches[1::2], strict=False):
-                    saved = [p.detach().clone() for p in params]
-                    self._adapt(model, x, targets, inner)
-                    loss = self.loss_fn(model(x[outer]), targets[outer])
-                    grads = torch.autograd.grad(loss, params)  # first order: at the adapted point
-                    with torch.no_grad():
-                        for p, s, g in zip(params, saved, grads, strict=True):
-                            p.copy_(s)
-                            p.grad = g
-                    optimizer.step()
-                    loss_sum += float(loss.detach())
-                    steps += 1
+            saved: list[torch.Tensor] = []
+
+            def outer_loss(inner: torch.Tensor, outer: torch.Tensor) -> torch.Tensor:
+                """The loss on `outer` after one adaptation step on `inner`."""
+                saved[:] = [p.detach().clone() for p in params]
+                self._adapt(model, x, targets, inner)
+                return self.loss_fn(model(x[outer]), targets[outer])
+
+            def first_order_gradient(loss: torch.Tensor) -> None:
+                """The gradient at the adapted point, applied from the saved one."""
+                grads = torch.autograd.grad(loss, params)
+                with torch.no_grad():
+                    for p, s, g in zip(params, saved, grads, strict=True):
+                        p.copy_(s)
+                        p.grad = g
+
+            loss = local_training(
+                len(y),
+                generator,
+                batch_size=clients.batch_size,
+                epochs=clients.local_epochs,
+                loss_fn=outer_loss,
+                optimizer=optimizer,
+                backward=first_order_gradient,
+                batches_per_step=2,  # (inner, outer) pairs of consecutive batches
+                loss_without_steps=float("nan"),
+            )
         delta = get_vector(model) - payload
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
             message=delta,
-            metrics={"loss": loss_sum / steps if steps else float("nan")},
+            metrics={"loss": loss},
             stats=declared_stats(y.numpy(), ctx.num_classes),
         )
 

@@ -40,6 +40,9 @@ class RunContext:
     # wherever this context is unpickled (server actor, client workers, shards), so a name
     # registered in the driver resolves the same way everywhere.
     plugins: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # How the backend builds a nearest-class index (raysim.index.build_index's signature):
+    # the Ray backend's puts several shards in actors. None: every shard in-process.
+    index_builder: Any = field(default=None, compare=False)
 
     def __reduce__(self):
         return _restore_context, (tuple(getattr(self, f.name) for f in fields(self)),)

@@ -112,6 +112,13 @@ def ship_plugins_by_value() -> None:
         )
 
 
+def build_index_with_actors(backend: str, num_rows: int, dim: int, *, shards: int = 1, **kw):
+    """raysim.index.build_index with shards as Ray actors when there are several."""
+    from raysim.index import build_index
+
+    return build_index(backend, num_rows, dim, shards=shards, use_ray=shards > 1, **kw)
+
+
 # Per worker process: the run's immutable bundle (context, algorithm, training data), fetched
 # once per run instead of once per task. Only the newest run is kept.
 _RUN_BUNDLE_CACHE: dict[str, tuple] = {}
@@ -412,6 +419,8 @@ class RayBackend:
     ) -> None:
         """Ray must be connected (see `connect`); `train_x_ref` holds the training features."""
         ctx = client_state.attach(ctx, "ray")  # a store actor only if the algorithm uses one
+        # Index shards beyond the first become actors (FedAwS's nearest-class index).
+        ctx = dataclasses.replace(ctx, index_builder=build_index_with_actors)
         self.ctx = ctx
         self.dataset, self.split = dataset, split
         self.started_ray = False

@@ -1,0 +1,102 @@
+"""The Softmax oracle of FedAwS (Yu et al., ICML 2020): an upper bound, not a federated method
+for the one-class setting.
+
+Every client gets theta AND all of W and minimises the full softmax cross-entropy over all
+classes (logits = scale * g(x)^T w_c, unit vectors); theta and W are both averaged (FedAvg)
+and stepped by one server optimizer. Shares everything else with FedAwS
+(raysim.algorithms.class_embedding).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim.algorithms.class_embedding import Broadcast, ClassEmbeddingMethod, normalize_rows
+from raysim.core import server_optimizers
+from raysim.core.algorithm import RunContext
+from raysim.core.fixed_point import FIXED_SCALE
+from raysim.core.state import ClientUpdate, ServerState
+from raysim.errors import ConfigError
+from raysim.models.vector import build_model
+
+
+class FedAwSSoftmax(ClassEmbeddingMethod):
+    """The Softmax oracle: every client gets theta AND all of W and minimises the full softmax
+    cross-entropy over all classes (logits = scale * g(x)^T w_c, unit vectors); theta and W are
+    both averaged (FedAvg). Not possible in the real one-class setting, which is the point."""
+
+    def __init__(
+        self, *, scale: float = 16.0, class_lr: float | None = None, eval_max_points: int = 5000
+    ) -> None:
+        super().__init__(class_lr=class_lr, eval_max_points=eval_max_points)
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ConfigError(f"'algorithm.scale' must be a finite number > 0, got {scale}")
+        self.scale = float(scale)
+
+    def init_server(self, ctx: RunContext) -> ServerState:
+        model = build_model(ctx)
+        # One server optimizer over theta and W (its slots cover both, theta first).
+        return self._initial_state(ctx, model, self._check_model(ctx, model), True)
+
+    def server_payload(self, state: ServerState) -> Broadcast:
+        return Broadcast(
+            state.arrays["params"],
+            uuid.uuid4().int & ((1 << 63) - 1),
+            state.arrays["class_embeddings"],
+        )
+
+    def client_update(
+        self, payload: Broadcast, x: torch.Tensor, y: torch.Tensor, client_id, generator, ctx
+    ) -> ClientUpdate:
+        clients = ctx.config.clients
+        model, layout = self._worker_model(ctx, payload)
+        touched = table = local_x = None
+        params = [p for p in model.parameters() if layout.bag is None or p is not layout.bag.weight]
+        if layout.bag is not None:
+            touched, table, local_x = self._local_table(model, layout, x, payload.theta)
+            params.append(table)
+        start_classes = np.asarray(payload.classes, dtype=np.float32)
+        classes = torch.tensor(start_classes, requires_grad=True)
+        optimizer = torch.optim.SGD(
+            [{"params": params}, {"params": [classes], "lr": self.class_lr or clients.lr}],
+            lr=clients.lr,
+            momentum=clients.momentum,
+            weight_decay=clients.weight_decay,
+        )
+
+        def softmax_loss(embedding: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+            unit = classes / classes.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            return nn.functional.cross_entropy(self.scale * embedding @ unit.T, y[batch])
+
+        mean_loss = self._train_locally(
+            model, layout, x, y, local_x, table, generator, optimizer, ctx, softmax_loss
+        )
+        message = self._theta_message(model, layout, payload, touched, table)
+        message["classes"] = classes.detach().numpy() - start_classes
+        return ClientUpdate(
+            client_id=client_id,
+            num_samples=len(y),
+            message=message,
+            metrics={"loss": mean_loss},
+        )
+
+    def server_update(self, state: ServerState, aggregate: dict, ctx: RunContext) -> ServerState:
+        classes = state.arrays["class_embeddings"]
+        total = float(aggregate["weight"]) * FIXED_SCALE
+        mean_delta = (aggregate["classes_dense"] / total).astype(np.float32)
+        both, slots = self._theta_step(state, aggregate, ctx, extra=(classes, mean_delta))
+        params = both[: len(state.arrays["params"])]
+        classes = both[len(params) :].reshape(classes.shape)
+        return ServerState(
+            state.round + 1,
+            {
+                "params": params,
+                "class_embeddings": normalize_rows(classes),
+                **server_optimizers.slot_arrays(slots),
+            },
+        )

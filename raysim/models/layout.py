@@ -1,0 +1,64 @@
+"""Where a model's tensors sit in its flat parameter vector (raysim.models.vector order), split
+into the embedding-bag table (if the model has one) and the dense rest.
+
+Methods that never copy a whole embedding-bag table (FedAwS and its softmax oracle at
+Amazon-670K scale) use it to load and send only the dense layers and the bag rows a client
+touched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class ModelLayout:
+    """Where the embedding-bag table sits in the flat theta vector (if the model has one)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.bag: nn.EmbeddingBag | None = getattr(model, "bag", None)
+        self.embedding_dim = int(getattr(model, "embedding_dim", 0))
+        self.dense: list[tuple[torch.Tensor, int, int]] = []  # (tensor, offset, numel)
+        self.bag_offset = -1
+        offset = 0
+        for tensor in model.state_dict(keep_vars=True).values():
+            if not tensor.is_floating_point():
+                continue
+            if self.bag is not None and tensor is self.bag.weight:
+                self.bag_offset = offset
+            else:
+                self.dense.append((tensor, offset, tensor.numel()))
+            offset += tensor.numel()
+        self.size = offset
+        if self.bag is not None:
+            self.bag_rows, self.bag_width = self.bag.weight.shape
+            self.padding_id = self.bag.padding_idx
+            self.dense_index = np.concatenate(
+                [np.arange(o, o + n) for _, o, n in self.dense]
+            ).astype(np.int64)
+
+    def dense_vector(self) -> np.ndarray:
+        with torch.no_grad():
+            return torch.cat([t.detach().reshape(-1) for t, _, _ in self.dense]).numpy().copy()
+
+    def load_dense(self, theta: np.ndarray) -> None:
+        source = torch.from_numpy(np.asarray(theta, dtype=np.float32))
+        with torch.no_grad():
+            for tensor, offset, count in self.dense:
+                tensor.copy_(source[offset : offset + count].view_as(tensor))
+
+    def theta_dense(self, theta: np.ndarray) -> np.ndarray:
+        return theta if self.bag is None else theta[self.dense_index]
+
+    def bag_row_slice(self, theta: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        table = theta[self.bag_offset : self.bag_offset + self.bag_rows * self.bag_width]
+        return table.reshape(self.bag_rows, self.bag_width)[ids]
+
+
+def layout_of(model: nn.Module) -> ModelLayout:
+    """The layout of a (cached, per-process) model, computed once."""
+    layout = getattr(model, "_raysim_layout", None)
+    if layout is None:
+        layout = model._raysim_layout = ModelLayout(model)
+    return layout
