@@ -82,10 +82,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             registry.models,
             registry.algorithms,
             registry.aggregators,
+            registry.codecs,
             registry.attacks,
             registry.server_optimizers,
+            registry.indexes,
+            registry.backends,
         ):
-            print(f"{reg.kind + 's':<20} {', '.join(reg.names())}")
+            plural = "indexes" if reg.kind == "index" else reg.kind + "s"
+            print(f"{plural:<20} {', '.join(reg.names())}")
+        print("any kind may also be named package.module:attr (docs/EXTENDING.md)")
         return 0
 
     if args.command == "run" and args.resume:
