@@ -206,18 +206,26 @@ def stop(cluster: LocalCluster, grace: float = 3) -> None:
     shutil.rmtree(cluster.root, ignore_errors=True)
 
 
-def _kill_leftovers(marker: str) -> None:
+def _kill_leftovers(marker: str, rounds: int = 5) -> None:
     """SIGKILL processes whose command line names this cluster's temp dir (e.g. a worker that
-    left the process group); only ever ours: the dir is unique to this cluster."""
+    left the process group, or one a runtime_env started late) and wait until they are gone;
+    only ever ours: the dir is unique to this cluster. A few rounds, since a dying node may
+    still have started one more process."""
     import psutil
 
     me = os.getpid()
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if process.info["pid"] != me and marker in " ".join(process.info["cmdline"] or []):
-                process.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
+    for _ in range(rounds):
+        killed = []
+        for process in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if process.info["pid"] != me and marker in " ".join(process.info["cmdline"] or []):
+                    process.kill()
+                    killed.append(process)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if not killed:
+            return
+        psutil.wait_procs(killed, timeout=5)
 
 
 def leftover_processes(marker: str) -> list[int]:
