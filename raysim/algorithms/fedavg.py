@@ -23,9 +23,12 @@ from raysim.models.vector import build_model, cached_model, get_vector, model_la
 from raysim.runtime.devices import autocast, client_device
 
 
-class _DeltaAveraging:
-    """Shared by FedAvg, FedProx, SignSGD and TopK: dense float32 weights down, the delta up
-    in the run's codec (`codec:`; default dense float32, SignSGD's signs, TopK's top-k)."""
+class DeltaAveraging:
+    """The model-delta family: dense float32 weights down, each client's delta up in the run's
+    codec, the aggregate applied by the server optimizer. FedAvg, FedProx, SignSGD, TopK and
+    the multi-label family (raysim.algorithms.flag) are this class with another local
+    training (`train_locally`), declared statistics (`client_stats`), codec, aggregator or
+    evaluation. Subclass it for a method of your own (docs/EXTENDING.md)."""
 
     default_aggregator = "weighted_mean"
     default_codec = "dense"
@@ -58,16 +61,35 @@ class _DeltaAveraging:
         # The task's GPU when clients.num_gpus reserved one, else the CPU (devices.py).
         device = client_device(ctx)
         model = cached_model(ctx, device)
-        set_vector(model, payload)
+        start = self.client_start(payload, client_id, ctx)
+        set_vector(model, start)
+        stats = self.client_stats(y, ctx)
         loss = float("nan")
         if len(y):
             x, y = x.to(device), y.to(device)
             loss = self.train_locally(model, x, y, generator, ctx)
-        delta = get_vector(model) - payload
+        trained = get_vector(model)
+        self.client_finished(client_id, trained, ctx)
         # The task encodes the delta with the run's codec (raysim.core.codecs).
         return ClientUpdate(
-            client_id=client_id, num_samples=len(y), message=delta, metrics={"loss": loss}
+            client_id=client_id,
+            num_samples=len(y),
+            message=trained - start,
+            metrics={"loss": loss},
+            stats=stats,
         )
+
+    # --- the steps a variant changes -------------------------------------------------------------
+    def client_start(self, payload: np.ndarray, client_id: int, ctx: RunContext) -> np.ndarray:
+        """The vector a client starts training from (personal layers: with its own parts)."""
+        return payload
+
+    def client_finished(self, client_id: int, trained: np.ndarray, ctx: RunContext) -> None:
+        """After local training (personal layers: keep the client's own parts)."""
+
+    def client_stats(self, y: torch.Tensor, ctx: RunContext) -> dict[str, float]:
+        """Numbers a client declares beside its delta for the aggregator (none here)."""
+        return {}
 
     def update_layout(self, ctx: RunContext):
         return model_layout(ctx)
@@ -110,9 +132,10 @@ class _DeltaAveraging:
         optimizer = server_optimizers.from_config(ctx.config)
         slots = server_optimizers.slots_of(state.arrays)
         params, slots = optimizer.step(state.arrays["params"], aggregate, slots)
-        return ServerState(
-            state.round + 1, {"params": params, **server_optimizers.slot_arrays(slots)}
-        )
+        arrays = {"params": params, **server_optimizers.slot_arrays(slots)}
+        for key, value in state.arrays.items():  # what subclasses keep beside (client models)
+            arrays.setdefault(key, value)
+        return ServerState(state.round + 1, arrays)
 
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
@@ -122,7 +145,7 @@ class _DeltaAveraging:
         return evaluate_classifier(model, x, y)
 
 
-class FedAvg(_DeltaAveraging):
+class FedAvg(DeltaAveraging):
     """`mixed_precision: true`: clients train under bfloat16 autocast (for heavy models on
     GPUs; weights, optimizer and deltas stay float32)."""
 
@@ -130,6 +153,6 @@ class FedAvg(_DeltaAveraging):
         super().__init__(proximal_mu=0.0, mixed_precision=mixed_precision)
 
 
-class FedProx(_DeltaAveraging):
+class FedProx(DeltaAveraging):
     def __init__(self, *, mu: float = 0.01, mixed_precision: bool = False) -> None:
         super().__init__(proximal_mu=mu, mixed_precision=mixed_precision)

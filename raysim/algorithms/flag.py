@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.core import server_optimizers
+from raysim.algorithms.fedavg import DeltaAveraging
 from raysim.core.algorithm import RunContext
-from raysim.core.state import ClientUpdate, Contribution, RoundInfo, ServerState
+from raysim.core.state import Contribution, RoundInfo, ServerState
 from raysim.core.training import local_training
 from raysim.errors import ConfigError
 from raysim.losses import multilabel_loss
@@ -40,7 +40,7 @@ from raysim.metrics_multilabel import (
     predict_scores,
     summarise_clients,
 )
-from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
+from raysim.models.vector import cached_model, set_vector
 
 WEIGHTINGS = ("flag", "samples", "uniform")
 OPTIMIZERS = ("adam", "sgd")
@@ -168,10 +168,10 @@ def _check_choice(key: str, value: str, choices: Sequence[str]) -> str:
     return value
 
 
-class MultiLabelAveraging:
-    """Multi-label FedAvg family: FedAvg (weighting 'samples'), uniform, FLAG, FedProx (mu)."""
-
-    default_codec = "dense"
+class MultiLabelAveraging(DeltaAveraging):
+    """Multi-label FedAvg family: FedAvg (weighting 'samples'), uniform, FLAG, FedProx (mu).
+    The model-delta method with a multi-label local training, declared label statistics, the
+    label-weighted aggregator, per-client models for AmAP and multi-label metrics."""
 
     def __init__(
         self,
@@ -187,12 +187,11 @@ class MultiLabelAveraging:
         schedule: str = "onecycle",
         keep_client_models: bool = True,
     ) -> None:
+        super().__init__(proximal_mu=mu)
         self.weighting = _check_choice("weighting", weighting, WEIGHTINGS)
         if not 0.0 <= alpha <= 1.0:
             raise ConfigError(f"'algorithm.alpha' must be in [0, 1], got {alpha}")
-        if mu < 0:
-            raise ConfigError(f"'algorithm.mu' must be >= 0, got {mu}")
-        self.alpha, self.mu = float(alpha), float(mu)
+        self.alpha = float(alpha)
         multilabel_loss(loss)  # validates the name
         self.loss_options = (loss, float(gamma_neg), float(gamma_pos), float(clip))
         self.optimizer = _check_choice("optimizer", optimizer, OPTIMIZERS)
@@ -239,7 +238,8 @@ class MultiLabelAveraging:
             loss_fn=lambda batch: self.loss_fn(model(x[batch]), targets[batch]),
             optimizer=opt,
             scheduler=scheduler,
-            proximal_mu=self.mu,
+            proximal_mu=self.proximal_mu,
+            device=x.device,
         )
 
     def check_aggregator(self, aggregator, ctx: RunContext) -> str | None:
@@ -252,51 +252,9 @@ class MultiLabelAveraging:
             )
         return None
 
-    def update_layout(self, ctx: RunContext):
-        return model_layout(ctx)
-
-    def init_server(self, ctx: RunContext) -> ServerState:
-        params = get_vector(build_model(ctx))
-        slots = server_optimizers.from_config(ctx.config).init(params)
-        return ServerState(0, {"params": params, **server_optimizers.slot_arrays(slots)})
-
-    def server_payload(self, state: ServerState) -> np.ndarray:
-        return state.arrays["params"]
-
-    def client_update(
-        self,
-        payload: np.ndarray,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        client_id: int,
-        generator: torch.Generator,
-        ctx: RunContext,
-    ) -> ClientUpdate:
-        model = cached_model(ctx)
-        set_vector(model, payload)
-        loss = float("nan")
-        if len(y):
-            loss = self.train_locally(model, x, y, generator, ctx)
-        delta = get_vector(model) - payload
-        return ClientUpdate(
-            client_id=client_id,
-            num_samples=len(y),
-            message=delta,
-            metrics={"loss": loss},
-            stats=declared_stats(y.numpy(), ctx.num_classes),
-        )
-
-    def server_update(
-        self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
-    ) -> ServerState:
-        optimizer = server_optimizers.from_config(ctx.config)
-        slots = server_optimizers.slots_of(state.arrays)
-        new_params, slots = optimizer.step(state.arrays["params"], aggregate, slots)
-        arrays = {"params": new_params, **server_optimizers.slot_arrays(slots)}
-        for key, value in state.arrays.items():
-            if key.startswith(CLIENT_MODEL_PREFIX):
-                arrays[key] = value
-        return ServerState(state.round + 1, arrays)
+    def client_stats(self, y: torch.Tensor, ctx: RunContext) -> dict[str, float]:
+        """The label statistics FLAG's weighting needs (declared beside the delta)."""
+        return declared_stats(y.numpy(), ctx.num_classes)
 
     def observe_contributions(
         self,

@@ -111,32 +111,13 @@ class PersonalizedAveraging(MultiLabelAveraging):
             params[self.mask(ctx)] = stored["personal"]
         return params
 
-    def client_update(
-        self,
-        payload: np.ndarray,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        client_id: int,
-        generator: torch.Generator,
-        ctx: RunContext,
-    ) -> ClientUpdate:
-        mask = self.mask(ctx)
-        store = ctx.client_state
-        start = self.personal_model(payload, store.get(client_id), ctx)
-        model = cached_model(ctx)
-        set_vector(model, start)
-        loss = float("nan")
-        if len(y):
-            loss = self.train_locally(model, x, y, generator, ctx)
-        trained = get_vector(model)
-        store.put(client_id, {"personal": trained[mask]})
-        return ClientUpdate(
-            client_id=client_id,
-            num_samples=len(y),
-            message=trained - start,  # only the shared entries are sent (shared_mask)
-            metrics={"loss": loss},
-            stats=declared_stats(y.numpy(), ctx.num_classes),
-        )
+    def client_start(self, payload: np.ndarray, client_id: int, ctx: RunContext) -> np.ndarray:
+        """The global vector with the client's personal entries (from the store) in place."""
+        return self.personal_model(payload, ctx.client_state.get(client_id), ctx)
+
+    def client_finished(self, client_id: int, trained: np.ndarray, ctx: RunContext) -> None:
+        """The personal entries go back to the store; only the rest is sent (shared_mask)."""
+        ctx.client_state.put(client_id, {"personal": trained[self.mask(ctx)]})
 
     def shared_mask(self, ctx: RunContext) -> np.ndarray:
         """The entries that cross the wire; the personal part stays in the store."""

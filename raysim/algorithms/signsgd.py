@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.algorithms.fedavg import _DeltaAveraging
+from raysim.algorithms.fedavg import DeltaAveraging
 from raysim.core.algorithm import RunContext
 from raysim.core.codecs import pack_signs, unpack_signs  # noqa: F401 - the wire format
 from raysim.core.state import ServerState
@@ -41,7 +41,7 @@ def num_params(ctx: RunContext) -> int:
     return vector_size(cached_model(ctx))
 
 
-class SignSGD(_DeltaAveraging):
+class SignSGD(DeltaAveraging):
     default_aggregator = "sum"
     default_codec = "signs"  # one bit per parameter (raysim.core.codecs.Signs)
 

@@ -14,13 +14,13 @@ stays dense float32 weights. TopK is FedAvg with this codec: `algorithm: fedavg`
 
 from __future__ import annotations
 
-from raysim.algorithms.fedavg import _DeltaAveraging
+from raysim.algorithms.fedavg import DeltaAveraging
 from raysim.core.codecs import TopK as TopKCodec
 from raysim.core.codecs import num_kept, top_k  # noqa: F401 - the wire format's helpers
 from raysim.errors import ConfigError
 
 
-class TopK(_DeltaAveraging):
+class TopK(DeltaAveraging):
     default_aggregator = "weighted_mean"
 
     def __init__(self, *, fraction: float = 0.1) -> None:

@@ -175,7 +175,8 @@ class Server:
                     self._maybe_fold_crafted()
                 continue
             stats.clients_done += 1
-            stats.bytes_up += wire_nbytes(self.codec, update.message)
+            # the encoded update, plus the declared statistics (8 bytes each)
+            stats.bytes_up += wire_nbytes(self.codec, update.message) + encoded_nbytes(update.stats)
             loss = update.metrics.get("loss", math.nan)
             if not math.isnan(loss) and update.num_samples:
                 self._loss_sum += loss * update.num_samples
