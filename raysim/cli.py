@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from raysim.config import UNSET_PREFIX
 from raysim.errors import RaysimError
 
 
@@ -24,12 +25,23 @@ def _add_config_arguments(parser: argparse.ArgumentParser, optional: bool = Fals
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config key, e.g. clients.lr=0.1",
+        help="override a config key, e.g. clients.lr=0.1; a whole section: model='{name: lenet}'",
+    )
+    parser.add_argument(
+        "--unset",
+        dest="overrides",
+        action="append",
+        type=lambda key: f"{UNSET_PREFIX}{key}",
+        metavar="KEY",
+        help="remove a key of the config file, e.g. model.hidden (its default applies)",
     )
 
 
 def _parser() -> argparse.ArgumentParser:
+    from raysim import __version__
+
     parser = argparse.ArgumentParser(prog="raysim", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"raysim {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run one simulation, or continue one (--resume)")
@@ -54,7 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_arguments(partition)
     partition.add_argument("--rows", type=int, default=20, help="clients to list")
 
-    commands.add_parser("info", help="list the available plug-ins")
+    info = commands.add_parser(
+        "info", help="the available plug-ins; with KIND and NAME, one plug-in's options"
+    )
+    info.add_argument("kind", nargs="?", help="e.g. algorithm, model, aggregator, codec")
+    info.add_argument("name", nargs="?", help="a plug-in of that kind, e.g. fedaws")
     return parser
 
 
@@ -66,8 +82,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raysim: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("raysim: interrupted", file=sys.stderr)
+        print(f"raysim: interrupted{_resume_hint(getattr(args, 'run_dir', None))}", file=sys.stderr)
         return 130
+
+
+def _resume_hint(run_dir: str | None) -> str:
+    """Where a stopped run can continue from: its newest checkpoint and the command."""
+    from pathlib import Path
+
+    if not run_dir:
+        return ""
+    checkpoints = sorted(Path(run_dir, "checkpoints").glob("round_*.npz"))
+    if not checkpoints:
+        return f"; no checkpoint was written in {run_dir} yet (a new run starts from round 0)"
+    newest = int(checkpoints[-1].stem.removeprefix("round_"))
+    return (
+        f"; newest checkpoint: round {newest} in {Path(run_dir, 'checkpoints')}; "
+        f"continue with: raysim run --resume {run_dir}"
+    )
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -76,6 +108,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "info":
         from raysim import registry
 
+        if args.kind:
+            print(_describe(args.kind, args.name))
+            return 0
         for reg in (
             registry.datasets,
             registry.partitioners,
@@ -101,6 +136,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         from raysim.core.loop import resume
 
+        args.run_dir = args.resume
         result = resume(args.resume, address=args.address, progress=not args.no_progress)
         _print_done(result, args.resume)
         return 0
@@ -126,9 +162,88 @@ def _dispatch(args: argparse.Namespace) -> int:
     from raysim.core.loop import run
 
     out = args.out or f"runs/{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    args.run_dir = out
     result = run(config, out, address=args.address, progress=not args.no_progress)
     _print_done(result, out)
     return 0
+
+
+KINDS = {
+    "dataset": "datasets",
+    "partitioner": "partitioners",
+    "partition": "partitioners",
+    "model": "models",
+    "algorithm": "algorithms",
+    "aggregator": "aggregators",
+    "codec": "codecs",
+    "attack": "attacks",
+    "optimizer": "server_optimizers",
+    "server_optimizer": "server_optimizers",
+    "index": "indexes",
+    "backend": "backends",
+}
+
+
+def _describe(kind: str, name: str | None) -> str:
+    """`raysim info KIND [NAME]`: the plug-ins of a kind with a line each, or one plug-in's
+    options with their defaults."""
+    import inspect
+
+    from raysim import registry
+
+    key = kind.lower().rstrip("s") if kind.lower() not in KINDS else kind.lower()
+    if key not in KINDS:
+        from raysim.errors import closest
+
+        raise RaysimError(
+            f"unknown kind '{kind}'{closest(kind, list(KINDS))}; kinds: {', '.join(sorted(KINDS))}"
+        )
+    reg = getattr(registry, KINDS[key])
+    names = [name] if name else reg.names()
+    lines = []
+    for plugin in names:
+        factory = reg.get(plugin)
+        summary = _summary(factory)
+        if not name:
+            lines.append(f"{plugin:<22} {summary}")
+            continue
+        lines.append(f"{reg.kind} '{plugin}': {summary}".rstrip())
+        lines.append(f"  defined in {factory.__module__}.{factory.__qualname__}")
+        parameters = [
+            p
+            for p in inspect.signature(factory).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+        if not parameters:
+            lines.append("  options: none")
+        for parameter in parameters:
+            option = (
+                parameter.name.removesuffix("_") if parameter.name.endswith("_") else parameter.name
+            )
+            annotation = parameter.annotation
+            type_text = (
+                annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+            )
+            default = (
+                "required"
+                if parameter.default is inspect.Parameter.empty
+                else repr(parameter.default)
+            )
+            lines.append(f"  {option:<24} {type_text:<18} default {default}")
+    return "\n".join(lines)
+
+
+def _summary(factory) -> str:
+    """The first sentence of the factory's own docstring (not one it inherits), else of its
+    module's."""
+    import inspect
+    import sys as _sys
+
+    own = vars(factory).get("__doc__") if inspect.isclass(factory) else factory.__doc__
+    text = own or getattr(_sys.modules.get(factory.__module__), "__doc__", None) or ""
+    paragraph = " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+    sentence = paragraph.split(". ")[0].rstrip(".")
+    return sentence if len(sentence) <= 110 else sentence[:107] + "..."
 
 
 def _print_done(result, out: str) -> None:

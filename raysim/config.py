@@ -13,8 +13,10 @@ key and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,11 +265,15 @@ def from_dict(
     raw: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "config"
 ) -> Config:
     raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
-    file_partition = raw.get("partition")
-    file_partition = dict(file_partition) if isinstance(file_partition, Mapping) else {}
+    file_sections = {k: dict(v) for k, v in raw.items() if isinstance(v, Mapping)}
     for override in overrides:
         _apply_override(raw, override)
-    _drop_options_of_replaced_partitioner(raw, file_partition, overrides)
+    _drop_options_of_replaced_plugins(raw, file_sections, overrides)
+    # Which keys came from --set: their errors name the override, not the file.
+    from_overrides = {}
+    for override in overrides:
+        key = override.partition("=")[0].strip().removeprefix(UNSET_PREFIX)
+        from_overrides[key] = f"--set {override}" if "=" in override else f"--unset {key}"
     sections: dict[str, Any] = {}
     for section_name, values in raw.items():
         if not isinstance(section_name, str):
@@ -282,43 +288,103 @@ def from_dict(
             values = {}
         if not isinstance(values, Mapping):
             raise ConfigError(f"{source}: section '{section_name}' must be a mapping of keys")
-        sections[section_name] = _build_section(section_name, values, source)
+        try:
+            sections[section_name] = _build_section(section_name, values, source)
+        except ConfigError as error:
+            raise _blame_override(error, source, from_overrides) from None
     config = Config(**sections)
-    _validate(config, source)
+    try:
+        _validate(config, source)
+    except ConfigError as error:
+        raise _blame_override(error, source, from_overrides) from None
     return config
 
 
-def _drop_options_of_replaced_partitioner(
-    raw: dict[str, Any], file_partition: Mapping[str, Any], overrides: Sequence[str]
+def _blame_override(error: ConfigError, source: str, from_overrides: Mapping[str, str]):
+    """An error about a key that a --set gave names that --set, not the file."""
+    message = str(error)
+    for key, where in from_overrides.items():
+        if f"'{key}'" in message or f"'{key.split('.')[0]}.name'" in message:
+            return ConfigError(f"{where}: {message.removeprefix(f'{source}: ')}")
+    return error
+
+
+def _drop_options_of_replaced_plugins(
+    raw: dict[str, Any], file_sections: Mapping[str, Any], overrides: Sequence[str]
 ) -> None:
-    """`--set partition.name=X` replaces the file's partitioner: the file's options that X does
-    not take (e.g. dirichlet's `alpha` when X is `shards`) are dropped. Options given by
+    """`--set model.name=X` (any plug-in section) replaces the file's plug-in: the file's
+    options that X does not take (e.g. the MLP's `hidden` when X is `lenet`, dirichlet's
+    `alpha` when X is `shards`) are dropped, with one line saying so. Options given by
     overrides are always kept, and checked against X."""
-    section = raw.get("partition")
-    if not isinstance(section, dict):
-        return
-    name, file_name = section.get("name", "iid"), file_partition.get("name", "iid")
-    if name == file_name or not isinstance(name, str):
-        return
-    try:
-        valid = set(registry.partitioners.option_names(name))
-    except ConfigError:  # unknown name: reported with the choices when the section is built
-        return
     overridden = {override.partition("=")[0].strip() for override in overrides}
-    fixed = {f.name for f in dataclasses.fields(PartitionConfig)}
-    for key in list(section):
-        if (
-            key in file_partition
-            and f"partition.{key}" not in overridden
+    for section_name, (reg, default_name) in _PLUGIN_SECTIONS.items():
+        section, in_file = raw.get(section_name), file_sections.get(section_name)
+        if not isinstance(section, dict) or not isinstance(in_file, Mapping):
+            continue
+        name, file_name = section.get("name", default_name), in_file.get("name", default_name)
+        if name == file_name or not isinstance(name, str) or name == "auto":
+            continue
+        try:
+            valid = set(reg.option_names(name))
+        except ConfigError:  # unknown name: reported with the choices when the section is built
+            continue
+        fixed = {
+            f.name for f in dataclasses.fields(_resolve_type(_SECTION_TYPES[section_name].type))
+        }
+        dropped = [
+            key
+            for key in section
+            if key in in_file
+            and f"{section_name}.{key}" not in overridden
             and key not in fixed
             and key not in valid
-        ):
+            and _python_key(key) not in valid
+        ]
+        for key in dropped:
             del section[key]
+        if dropped:
+            print(
+                f"raysim: {section_name}.name={name} takes no "
+                f"{', '.join(f'{section_name}.{k}' for k in dropped)}; dropped",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _python_key(key: str) -> str:
+    return f"{key}_" if keyword.iskeyword(key) else key
+
+
+UNSET_PREFIX = "~"  # `--unset model.hidden` reaches from_dict as the override "~model.hidden"
 
 
 def _apply_override(raw: dict[str, Any], override: str) -> None:
+    """`section.key=value` sets a key; `section={...}` replaces a whole section (e.g.
+    `model={name: lenet}`); `~section.key` removes a key (--unset)."""
+    if override.startswith(UNSET_PREFIX):
+        key = override.removeprefix(UNSET_PREFIX).strip()
+        parts = key.split(".")
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError(f"--unset {key}: expected section.key")
+        values = raw.get(parts[0])
+        if not isinstance(values, dict) or parts[1] not in values:
+            raise ConfigError(f"--unset {key}: the config does not set '{key}'")
+        del values[parts[1]]
+        return
     key, sep, text = override.partition("=")
     parts = key.strip().split(".")
+    if sep and len(parts) == 1 and parts[0]:
+        try:
+            value = yaml.load(text, Loader=_YamlLoader) if text.strip() else None
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError):
+            value = None
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"--set {override}: a whole section is replaced by a mapping, e.g. "
+                f"{parts[0]}={{name: ...}}"
+            )
+        raw[parts[0]] = dict(value)
+        return
     if not sep or len(parts) != 2 or not all(parts):
         raise ConfigError(f"override '{override}' must look like section.key=value")
     section, name = parts

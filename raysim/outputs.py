@@ -58,7 +58,7 @@ class RunOutputs:
         history: list[dict[str, Any]] | None = None,
     ) -> None:
         """Start a run's outputs; `history` (on resume) = the metrics records to keep."""
-        self.out_dir = Path(out_dir)
+        self.out_dir = check_out_dir(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir = self.out_dir / "checkpoints"
         self.checkpoint_dir.mkdir(exist_ok=True)
@@ -71,7 +71,11 @@ class RunOutputs:
             for path in old:
                 path.unlink()
         self.keep_checkpoints = config.run.keep_checkpoints
-        _atomic_write_bytes(self.out_dir / "config.yaml", config.to_yaml().encode())
+        # What produced the run, as comments of config.yaml (still a plain, loadable config)
+        # and in summary.json.
+        self.environment = run_environment()
+        header = "".join(f"# {key}: {value}\n" for key, value in self.environment.items())
+        _atomic_write_bytes(self.out_dir / "config.yaml", (header + config.to_yaml()).encode())
         # On resume, metrics.jsonl keeps the rounds up to the checkpoint (rewritten atomically);
         # later rounds are recomputed and appended.
         kept = "".join(json.dumps(_json_safe(record)) + "\n" for record in history or [])
@@ -148,6 +152,7 @@ class RunOutputs:
         return path
 
     def write_summary(self, summary: dict[str, Any]) -> None:
+        summary = {**summary, "environment": self.environment}
         _atomic_write_bytes(
             self.out_dir / "summary.json",
             (json.dumps(_json_safe(summary), indent=2) + "\n").encode(),
@@ -162,6 +167,61 @@ class RunOutputs:
             self._writer.close()
         if self._error is not None:
             raise self._error
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """An output folder path that can be a folder (one line naming the file in the way)."""
+    out_dir = Path(out_dir)
+    for path in (out_dir, *out_dir.parents):
+        if path.exists() and not path.is_dir():
+            raise RaysimError(f"output folder {out_dir}: {path} is a file, not a folder")
+    return out_dir
+
+
+def run_environment() -> dict[str, Any]:
+    """What produced a run: versions, the git commit of a raysim checkout, the host, the time."""
+    import datetime
+    import os
+    import platform
+    import subprocess
+
+    import raysim
+
+    versions = {"raysim": raysim.__version__, "python": platform.python_version()}
+    for name in ("torch", "ray", "numpy"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - an environment record never fails a run
+            versions[name] = None
+    commit = None
+    source = Path(raysim.__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()  # fmt: skip
+        commit = head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass  # not a checkout (an installed wheel) or no git
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        pass
+    return {
+        **versions,
+        "git_commit": commit,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "gpus": gpus,
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
 
 
 def peak_rss_bytes() -> int:

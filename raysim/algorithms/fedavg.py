@@ -30,6 +30,8 @@ class DeltaAveraging:
     training (`train_locally`), declared statistics (`client_stats`), codec, aggregator or
     evaluation. Subclass it for a method of your own (docs/EXTENDING.md)."""
 
+    labels = "single"  # one class per sample (checked when a run starts)
+
     default_aggregator = "weighted_mean"
     default_codec = "dense"
 
@@ -146,7 +148,9 @@ class DeltaAveraging:
 
 
 class FedAvg(DeltaAveraging):
-    """`mixed_precision: true`: clients train under bfloat16 autocast (for heavy models on
+    """FedAvg: local SGD from the global model, deltas averaged by sample count.
+
+    `mixed_precision: true`: clients train under bfloat16 autocast (for heavy models on
     GPUs; weights, optimizer and deltas stay float32)."""
 
     def __init__(self, *, mixed_precision: bool = False) -> None:
@@ -154,5 +158,7 @@ class FedAvg(DeltaAveraging):
 
 
 class FedProx(DeltaAveraging):
+    """FedProx: FedAvg with the proximal term (mu / 2) ||x - x_t||^2 in every local loss."""
+
     def __init__(self, *, mu: float = 0.01, mixed_precision: bool = False) -> None:
         super().__init__(proximal_mu=mu, mixed_precision=mixed_precision)

@@ -173,6 +173,8 @@ class MultiLabelAveraging(DeltaAveraging):
     The model-delta method with a multi-label local training, declared label statistics, the
     label-weighted aggregator, per-client models for AmAP and multi-label metrics."""
 
+    labels = "multi"  # multi-hot targets (checked when a run starts)
+
     def __init__(
         self,
         *,

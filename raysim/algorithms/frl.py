@@ -79,6 +79,8 @@ def cosine_lr(base_lr: float, step: int, total_steps: int) -> float:
 class FRL:
     """Federated Rank Learning; aggregate with `sum` (the vote), the default."""
 
+    labels = "single"  # one class per sample (checked when a run starts)
+
     default_aggregator = "sum"
     default_codec = "ranks"
     configurable_codec = False  # rank positions only make sense bit-packed as ranks

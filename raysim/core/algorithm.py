@@ -40,6 +40,8 @@ class RunContext:
     # wherever this context is unpickled (server actor, client workers, shards), so a name
     # registered in the driver resolves the same way everywhere.
     plugins: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # Multi-hot labels (n, L) rather than one class per sample.
+    multilabel: bool = False
     # How the backend builds a nearest-class index (raysim.index.build_index's signature):
     # the Ray backend's puts several shards in actors. None: every shard in-process.
     index_builder: Any = field(default=None, compare=False)
@@ -159,6 +161,29 @@ _CALLABLE_HOOKS = (
     "finish_reduced",
     "state_restored",
 )
+
+
+def check_labels(algorithm: Any, name: str, ctx: Any) -> None:
+    """An algorithm declaring `labels = "single"` (or "multi") refuses the other kind of data
+    in one line, before any client trains (instead of an error deep inside a loss)."""
+    wants = getattr(algorithm, "labels", "any")
+    multilabel = bool(getattr(ctx, "multilabel", False))
+    if wants == "single" and multilabel:
+        raise_config(
+            f"algorithm '{name}' trains on single-label data, but the dataset has multi-hot "
+            f"labels; use a multi-label algorithm (multilabel_fedavg, flag, ...)"
+        )
+    if wants == "multi" and not multilabel:
+        raise_config(
+            f"algorithm '{name}' needs multi-hot labels, but the dataset has one class per "
+            f"sample; use a multi-label dataset (e.g. data.name: synthetic_multilabel)"
+        )
+
+
+def raise_config(message: str) -> None:
+    from raysim.errors import ConfigError
+
+    raise ConfigError(message)
 
 
 def check_algorithm(algorithm: Any, name: str) -> None:

@@ -276,18 +276,22 @@ class Ranks(Codec):
 
 # Registry entries (raysim.registry.codecs): factories whose keyword-only parameters are options.
 def dense() -> Dense:
+    """The update as it is: float32, 4 bytes an entry."""
     return Dense()
 
 
 def signs() -> Signs:
+    """One bit per entry, the sign (SignSGD); decodes to int8 +1/-1."""
     return Signs()
 
 
 def topk(*, fraction: float = 0.1) -> TopK:
+    """The `fraction` largest-magnitude entries as float32 values at int32 indices."""
     return TopK(fraction=fraction)
 
 
 def ranks() -> Ranks:
+    """Rank positions bit-packed per layer, each layer checked to be a permutation (FRL)."""
     return Ranks()
 
 

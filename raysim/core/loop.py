@@ -37,7 +37,7 @@ from raysim.core.state import RoundInfo, ServerState
 from raysim.data.datasets import Dataset, load_dataset  # noqa: F401 - re-exported
 from raysim.data.partition import ClientSplit, split_for_run
 from raysim.errors import RaysimError
-from raysim.outputs import RunOutputs, load_checkpoint, peak_rss_bytes
+from raysim.outputs import RunOutputs, check_out_dir, load_checkpoint, peak_rss_bytes
 
 # Restarts of a lost server in a row (while recovering one round) before the run gives up.
 MAX_SERVER_RESTARTS = 3
@@ -97,6 +97,7 @@ def run_context(config: Config, dataset: Dataset) -> RunContext:
         dataset.num_classes,
         dataset.num_features,
         plugins=registry.snapshot(),  # names registered in this process, for the workers
+        multilabel=np.ndim(dataset.train_y) == 2,
     )
     validation = split_for_run(config, dataset).validation  # each client's test rows, if any
     if validation is not None:
@@ -157,6 +158,7 @@ def run(
     `on_round(record)` is called with each round's metrics record once it is logged (e.g. a
     Tune trial reports it; raysim/tune.py).
     """
+    check_out_dir(out_dir)  # before anything starts: a file in the way is one line
     restored, history = None, None
     if resume_from_checkpoint:
         restored, history = find_resume_point(out_dir)
@@ -191,12 +193,10 @@ def run(
         malicious_below = int(config.attack.fraction * split.num_clients)
     bar = None
     first_round = restored.round if restored is not None else 0
-    if progress:
-        from tqdm import tqdm
+    if progress:  # a bar on a terminal, a line every 10 s in a log (raysim.progress)
+        from raysim.progress import Progress
 
-        bar = tqdm(
-            total=rounds, initial=first_round, desc="rounds", unit="round", dynamic_ncols=True
-        )
+        bar = Progress(rounds, first_round)
     round_times: list[float] = []
     totals = {"bytes_up": 0, "bytes_down": 0, "clients_done": 0, "clients_failed": 0}
     totals["clients_rejected"] = 0  # updates refused before aggregation (core.validation)
@@ -343,11 +343,7 @@ def run(
             if kill_after == round_index + 1:
                 os.kill(os.getpid(), signal.SIGKILL)  # test hook: a driver killed mid-run
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    {k: f"{v:.4f}" for k, v in last_eval.items()}
-                    | {"train_loss": f"{train_loss:.4f}"}
-                )
+                bar.update({**last_eval, "train_loss": train_loss})
         wall_s = time.perf_counter() - started
         state = with_server(backend.get_state, rounds)
         summary = {

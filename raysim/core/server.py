@@ -15,7 +15,7 @@ import numpy as np
 
 from raysim import registry
 from raysim.core.aggregators import LinearAccumulator
-from raysim.core.algorithm import RunContext, check_algorithm
+from raysim.core.algorithm import RunContext, check_algorithm, check_labels
 from raysim.core.payload import encoded_nbytes
 from raysim.core.state import (
     ClientUpdate,
@@ -33,6 +33,7 @@ def build_algorithm(ctx: RunContext):
     config = ctx.config.algorithm
     algorithm = registry.algorithms.build(config.name, **config.options)
     check_algorithm(algorithm, config.name)
+    check_labels(algorithm, config.name, ctx)
     return algorithm
 
 
