@@ -163,3 +163,12 @@ def test_ctrl_c_names_the_newest_checkpoint_and_the_resume_command(tmp_path):
     newest = max(int(p.stem.removeprefix("round_")) for p in (out / "checkpoints").glob("*.npz"))
     assert f"newest checkpoint: round {newest}" in line
     assert f"continue with: raysim run --resume {out}" in line
+
+
+def test_hnsw_without_hnswlib_names_the_extra(monkeypatch):
+    from raysim.errors import ConfigError
+    from raysim.index import build_index
+
+    monkeypatch.setitem(sys.modules, "hnswlib", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"pip install 'raysim\[hnsw\]'"):
+        build_index("hnsw", 100, 8).reset(__import__("numpy").zeros((100, 8), "float32"))

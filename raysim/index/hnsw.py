@@ -59,7 +59,15 @@ class HNSWIndex:
         threads: int | None = None,
         seed: int = 0,
     ) -> None:
-        import hnswlib  # imported here: only configs that choose this backend need it
+        try:
+            import hnswlib  # imported here: only configs that choose this backend need it
+        except ImportError:
+            from raysim.errors import ConfigError
+
+            raise ConfigError(
+                "index.backend 'hnsw' needs hnswlib: pip install 'raysim[hnsw]' (it builds "
+                "with a C++ compiler); or choose index.backend exact or faiss_ivf"
+            ) from None
 
         if M < 2:
             raise ValueError(f"M must be >= 2, got {M}")
