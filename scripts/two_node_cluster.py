@@ -257,7 +257,7 @@ def run_on_cluster(
     out: Path,
     rounds: int,
     extra: list[str] = (),
-    address: str = "auto",
+    address: str | None = "auto",
     cwd: Path = REPO_ROOT,
 ) -> tuple[dict, str]:
     """`raysim run CONFIG --address auto` (or another address) on the cluster, run in `cwd`
@@ -271,8 +271,7 @@ def run_on_cluster(
         config,
         "--out",
         str(out),
-        "--address",
-        address,
+        *(["--address", address] if address is not None else []),  # None: RAY_ADDRESS only
         "--no-progress",
         "--set",
         f"run.rounds={rounds}",

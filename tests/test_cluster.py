@@ -52,11 +52,13 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
         )
         metrics = _wait_for_metrics(cluster_script, cluster.metrics_ports)
         # a researcher's own plug-ins (examples/plugins copied outside the repo), run from
-        # their folder: their modules must reach the other node's workers
+        # their folder: their modules must reach the other node's workers. No --address:
+        # the driver joins through RAY_ADDRESS alone, as under `ray job submit` (a cluster
+        # raysim did not start gets none of raysim's _system_config)
         plugins = tmp_path / "my_plugins"
         shutil.copytree(REPO_ROOT / "examples" / "plugins", plugins)
         plugin_summary, plugin_output = cluster_script.run_on_cluster(
-            cluster, "everything.yaml", root / "plugins", ROUNDS, cwd=plugins
+            cluster, "everything.yaml", root / "plugins", ROUNDS, cwd=plugins, address=None
         )
         assert cluster_script.leftover_processes(str(root))  # sanity: the marker finds them
     # teardown: nothing of either node is left, and its files are gone

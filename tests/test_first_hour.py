@@ -172,3 +172,29 @@ def test_hnsw_without_hnswlib_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "hnswlib", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"pip install 'raysim\[hnsw\]'"):
         build_index("hnsw", 100, 8).reset(__import__("numpy").zeros((100, 8), "float32"))
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:9", "ray://127.0.0.1:9", "10.255.255.1:6379"])
+def test_an_unreachable_cluster_address_fails_fast_in_one_line(run_cli, tmp_path, address):
+    started = time.monotonic()
+    line = _one_line_error(run_cli(["run", DIGITS, "--out", str(tmp_path), "--address", address]))
+    assert time.monotonic() - started < 30
+    assert f"cannot reach a Ray cluster at '{address}'" in line and "ray start --head" in line
+
+
+def test_a_client_task_larger_than_any_node_is_refused(run_cli, tmp_path):
+    line = _one_line_error(
+        run_cli(
+            [
+                "run",
+                DIGITS,
+                "--out",
+                str(tmp_path),
+                "--set",
+                "runtime.num_cpus=2",
+                "--set",
+                "clients.num_cpus=64",
+            ]
+        )  # fmt: skip
+    )
+    assert "clients.num_cpus=64 but the largest node of the Ray cluster has 2 CPUs" in line

@@ -61,10 +61,18 @@ def connect(
     local Ray and on a cluster alike. Resolve the config's plug-ins before connecting."""
     if ray.is_initialized():
         return False
-    address = address or runtime.address
+    # RAY_ADDRESS is how `ray job submit` and users point drivers at a cluster: join it (a
+    # cluster raysim did not start never gets raysim's _system_config).
+    address = address or runtime.address or os.environ.get("RAY_ADDRESS") or None
     runtime_env = plugin_runtime_env()
     if address:
-        context = ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
+        check_reachable(address)
+        try:
+            context = ray.init(
+                address=address, logging_level=logging.WARNING, runtime_env=runtime_env
+            )
+        except (ConnectionError, TimeoutError) as error:
+            raise RaysimError(_unreachable(address, error)) from None
     else:
         context = ray.init(
             num_cpus=runtime.num_cpus,
@@ -78,6 +86,53 @@ def connect(
     if url:
         print(f"Ray dashboard: http://{url}", flush=True)
     return True
+
+
+def _unreachable(address: str, reason: object) -> str:
+    reason = " ".join(str(reason).split())[:200]
+    return (
+        f"cannot reach a Ray cluster at {address!r} ({reason}); start one with `ray start "
+        f"--head` and pass its address (or --address auto on its head node), or leave "
+        f"--address and RAY_ADDRESS unset to start a local Ray"
+    )
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a cluster address nothing listens on (ray.init would retry for minutes):
+    one TCP connection to HOST:PORT or ray://HOST:PORT; 'auto' is checked by ray.init."""
+    import socket
+
+    if address == "auto" or address.startswith("local"):
+        return
+    target = address.removeprefix("ray://").split("/")[0]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise RaysimError(f"Ray address {address!r} is not 'auto', HOST:PORT or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as error:
+        raise RaysimError(_unreachable(address, error)) from None
+
+
+def check_resources_fit(clients) -> None:
+    """A client task asking for more CPUs (or GPUs) than any node has would wait forever:
+    refuse it in one line. (No GPU at all: the tasks fall back to the CPU, with a notice.)"""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if not nodes:
+        return
+    most_cpus = max(n.get("CPU", 0.0) for n in nodes)
+    if clients.num_cpus > most_cpus:
+        raise RaysimError(
+            f"clients.num_cpus={clients.num_cpus:g} but the largest node of the Ray cluster has "
+            f"{most_cpus:g} CPUs: a client task could never start; lower clients.num_cpus"
+        )
+    most_gpus = max(n.get("GPU", 0.0) for n in nodes)
+    if most_gpus and clients.num_gpus > most_gpus:
+        raise RaysimError(
+            f"clients.num_gpus={clients.num_gpus:g} but the largest node of the Ray cluster has "
+            f"{most_gpus:g} GPUs: a client task could never start; lower clients.num_gpus"
+        )
 
 
 def plugin_runtime_env() -> dict | None:
@@ -404,6 +459,7 @@ class RayBackend:
         if not started_ray:
             ship_plugins_by_value()
         try:
+            check_resources_fit(config.clients)
             dataset, train_x_ref = load_dataset_in_cluster(config)
             split, ctx = prepare(dataset)
             backend = cls(ctx, dataset, split, train_x_ref)
