@@ -22,7 +22,8 @@ approximate index next to exact mining.
 
 Outputs in --out: results.json, table.md, ratio_curve_<regime>.csv for every regime that ran
 both FedAwS and the oracle (FedAwS P@1 / oracle P@1 per evaluated round: ratio_curve_Cd8.csv on
-the default, ratio_curve_C<classes>.csv with --scale / --data-dir) and one run folder per
+the default; ratio_curve_C<classes>.csv with --scale / --data-dir when the oracle runs, which
+it does up to 20,000 classes) and one run folder per
 regime and method, e.g. Cd8_FedAwS (metrics.jsonl, TensorBoard, checkpoints).
 """
 
