@@ -7,10 +7,11 @@ they collapse), Baseline-2 (class embeddings frozen at their random init) and th
 oracle (every client sees all class embeddings and trains a full softmax), with P@1/3/5
 against all true labels of each test point and the per-round time split.
 
-    python examples/fedaws_amazon670k.py                      # embedded default, ~10 min
+    python examples/fedaws_amazon670k.py                      # embedded default, ~11 min
     python examples/fedaws_amazon670k.py --address auto       # the same on a Ray cluster
     python examples/fedaws_amazon670k.py --scale 1 --rounds 2 # Amazon-670K-shaped, 670,091 classes
     python examples/fedaws_amazon670k.py --data-dir ~/xc/Amazon670K --rounds 200
+    python examples/fedaws_amazon670k.py --methods fedaws softmax --rounds 100
 
 The default is synthetic XML data (raysim's `synthetic_xml` generator) sized so that every
 class is visited often enough to learn on 2 cores: learning is limited by visits per class
@@ -19,8 +20,11 @@ class is visited often enough to learn on 2 cores: learning is limited by visits
 C/d < 10 (random rows are nearly orthogonal and Baseline-2 comes close), and FedAwS with an
 approximate index next to exact mining.
 
-Outputs in --out: results.json, table.md, ratio_curve.csv (FedAwS P@1 / oracle P@1 per
-evaluated round) and one run folder per method (metrics.jsonl, TensorBoard, checkpoints).
+Outputs in --out: results.json, table.md, ratio_curve_<regime>.csv for every regime that ran
+both FedAwS and the oracle (FedAwS P@1 / oracle P@1 per evaluated round: ratio_curve_Cd8.csv on
+the default; ratio_curve_C<classes>.csv with --scale / --data-dir when the oracle runs, which
+it does up to 20,000 classes) and one run folder per
+regime and method, e.g. Cd8_FedAwS (metrics.jsonl, TensorBoard, checkpoints).
 """
 
 from __future__ import annotations
@@ -61,25 +65,118 @@ METHODS = {  # name: (algorithm, its option overrides, index override or None)
     "FedAwS IVF": ("fedaws", {}, "faiss"),
     "FedAwS HNSW": ("fedaws", {}, "hnsw"),
 }
+# --methods takes these keys (no spaces, no capitals, so they need no quoting); the display
+# names above stay the names in the tables, results.json and the run folders.
+METHOD_KEYS = {
+    "fedaws": "FedAwS",
+    "baseline1": "Baseline-1",
+    "baseline2": "Baseline-2",
+    "softmax": "Softmax",
+    "fedaws_ivf": "FedAwS IVF",
+    "fedaws_hnsw": "FedAwS HNSW",
+}
+
+
+def old_method_form(argv: list[str]) -> list[str]:
+    """The comma form with display names (`--methods FedAwS,Baseline-2`), accepted for one
+    more release so that existing command lines keep working: values after --methods are split
+    on commas and display names become their keys, before argparse checks the choices."""
+    display = {name.lower(): key for key, name in METHOD_KEYS.items()}
+    result, in_methods, rewritten = [], False, False
+    for token in argv:
+        if token.startswith("--methods="):
+            result.append("--methods")
+            token, in_methods = token.split("=", 1)[1], True
+        elif token.startswith("-"):
+            result.append(token)
+            in_methods = token == "--methods"
+            continue
+        if not in_methods:
+            result.append(token)
+            continue
+        for value in (v.strip() for v in token.split(",")):
+            if value:
+                key = display.get(value.lower(), value)
+                rewritten |= key != value or "," in token
+                result.append(key)
+    if rewritten:
+        print(
+            "fedaws_amazon670k.py: --methods with commas or display names is the old form; "
+            f"use space-separated keys: --methods {' '.join(METHOD_KEYS)}",
+            file=sys.stderr,
+        )
+    return result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--address", default=None, help="Ray cluster to join ('auto', ray://)")
-    parser.add_argument("--data-dir", default=None, help="XC repository folder (train/test.txt)")
-    parser.add_argument("--scale", type=float, default=None, help="synthetic_xml scale (1 = 670K)")
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--clients-per-round", type=int, default=None)
-    parser.add_argument("--index", choices=("exact", "faiss", "hnsw"), default="exact")
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to join ('auto', ray://HOST:PORT); none: start a local Ray",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="Extreme Classification Repository folder with train.txt and test.txt "
+        "(instead of the embedded synthetic data)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=None,
+        help="synthetic_xml at this scale of Amazon-670K (1 = 670,091 classes) instead of the "
+        "embedded default",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds per run (none: 500 on the embedded data, 2 with --scale or --data-dir)",
+    )
+    parser.add_argument(
+        "--clients-per-round",
+        type=int,
+        default=None,
+        help="clients per round (none: 64 on the embedded data, min(4000, classes) with "
+        "--scale or --data-dir)",
+    )
+    parser.add_argument(
+        "--index",
+        choices=("exact", "faiss", "hnsw"),
+        default="exact",
+        help="nearest-class index for FedAwS's negative mining (faiss = IVF)",
+    )
     parser.add_argument("--shards", type=int, default=1, help="nearest-class index shards")
-    parser.add_argument("--k", type=int, default=None, help="negatives mined per class")
-    parser.add_argument("--methods", default=None, help="comma list of " + ", ".join(METHODS))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=None)
-    parser.add_argument("--out", default="runs/fedaws_amazon670k")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="negatives mined per class (none: 20 on the embedded data, 100 with --scale or "
+        "--data-dir)",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=list(METHOD_KEYS),
+        default=None,
+        metavar="METHOD",
+        help="methods to run, space-separated, from: "
+        + ", ".join(f"{key} ({name})" for key, name in METHOD_KEYS.items())
+        + " (none: every method the regime runs)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="run seed (data, init, sampling)")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="evaluate every N rounds (none: rounds // 20, at least 1)",
+    )
+    parser.add_argument("--out", default="runs/fedaws_amazon670k", help="output folder")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return parser.parse_args(old_method_form(argv))
 
 
 def index_section(kind: str, shards: int) -> dict:
@@ -216,11 +313,7 @@ def _study(args, out: Path) -> int:
                 names = [n for n in names if n not in ("FedAwS IVF", "FedAwS HNSW")]
             settings.append((regime, raw, names, dataset))
     if args.methods:
-        wanted = [m.strip() for m in args.methods.split(",")]
-        unknown = [m for m in wanted if m not in METHODS]
-        if unknown:
-            print(f"unknown method(s) {unknown}; choose from {list(METHODS)}", file=sys.stderr)
-            return 2
+        wanted = {METHOD_KEYS[key] for key in args.methods}
         settings = [(r, raw, [m for m in names if m in wanted], d) for r, raw, names, d in settings]
 
     results = {}
@@ -245,6 +338,12 @@ def _study(args, out: Path) -> int:
     return 0
 
 
+def regime_order(regime: str) -> float:
+    """The number after the regime's last '=' ("C/d=8" -> 8): sorted as text, C/d=32 would
+    come before C/d=8."""
+    return float(regime.rsplit("=", 1)[1])
+
+
 def write_report(results: dict, out: Path) -> None:
     lines = [
         "| regime | method | P@1 | P@3 | P@5 | P@1 / oracle | mean cos(W) | visits/class | "
@@ -252,7 +351,7 @@ def write_report(results: dict, out: Path) -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     nan = float("nan")
-    regimes = sorted({r for r, _ in results})
+    regimes = sorted({r for r, _ in results}, key=regime_order)
     payload = {}
     for regime in regimes:
         oracle = results.get((regime, "Softmax"), {}).get("final", {}).get("p@1")

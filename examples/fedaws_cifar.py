@@ -8,6 +8,7 @@ with (`spreadout: full`, Eq. 7); with CIFAR-100 the example mines the k nearest 
     python examples/fedaws_cifar.py                                   # synthetic CIFAR-shaped data
     python examples/fedaws_cifar.py --data cifar10 --data-root ~/data --model resnet32 --rounds 2000
     python examples/fedaws_cifar.py --data cifar100 --data-root ~/data --address auto
+    python examples/fedaws_cifar.py --methods fedaws softmax --rounds 100
 
 CIFAR is read from a torchvision layout under --data-root (`cifar-10-batches-py/`,
 `cifar-100-python/`); nothing is downloaded. The default, with no files, is
@@ -33,21 +34,96 @@ METHODS = {
     "Baseline-2": ("fedaws", {"train_class_embeddings": False}),
     "Softmax": ("fedaws_softmax", {}),
 }
+# --methods takes these keys (no capitals or dashes to remember); the display names above stay
+# the names in the table, results.json and the run folders.
+METHOD_KEYS = {
+    "fedaws": "FedAwS",
+    "baseline1": "Baseline-1",
+    "baseline2": "Baseline-2",
+    "softmax": "Softmax",
+}
+
+
+def old_method_form(argv: list[str]) -> list[str]:
+    """The comma form with display names (`--methods FedAwS,Softmax`), accepted for one more
+    release so that existing command lines keep working: values after --methods are split on
+    commas and display names become their keys, before argparse checks the choices."""
+    display = {name.lower(): key for key, name in METHOD_KEYS.items()}
+    result, in_methods, rewritten = [], False, False
+    for token in argv:
+        if token.startswith("--methods="):
+            result.append("--methods")
+            token, in_methods = token.split("=", 1)[1], True
+        elif token.startswith("-"):
+            result.append(token)
+            in_methods = token == "--methods"
+            continue
+        if not in_methods:
+            result.append(token)
+            continue
+        for value in (v.strip() for v in token.split(",")):
+            if value:
+                key = display.get(value.lower(), value)
+                rewritten |= key != value or "," in token
+                result.append(key)
+    if rewritten:
+        print(
+            "fedaws_cifar.py: --methods with commas or display names is the old form; "
+            f"use space-separated keys: --methods {' '.join(METHOD_KEYS)}",
+            file=sys.stderr,
+        )
+    return result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", choices=("synthetic", "cifar10", "cifar100"), default="synthetic")
-    parser.add_argument("--data-root", default=None)
-    parser.add_argument("--model", choices=("resnet8", "resnet32", "resnet56"), default="resnet8")
-    parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--clients-per-class", type=int, default=10)
-    parser.add_argument("--clients-per-round", type=int, default=20)
-    parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--address", default=None, help="Ray cluster to join ('auto', ray://)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/fedaws_cifar")
-    return parser.parse_args(argv)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--data",
+        choices=("synthetic", "cifar10", "cifar100"),
+        default="synthetic",
+        help="synthetic CIFAR-10-shaped data (no files), or CIFAR read from --data-root",
+    )
+    parser.add_argument(
+        "--data-root",
+        default=None,
+        help="torchvision root holding cifar-10-batches-py/ or cifar-100-python/ "
+        "(needed by --data cifar10 / cifar100)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=("resnet8", "resnet32", "resnet56"),
+        default="resnet8",
+        help="CIFAR ResNet with a 64-d embedding and GroupNorm",
+    )
+    parser.add_argument("--rounds", type=int, default=60, help="rounds per method")
+    parser.add_argument(
+        "--clients-per-class",
+        type=int,
+        default=10,
+        help="clients per class, each holding a share of that class's images",
+    )
+    parser.add_argument("--clients-per-round", type=int, default=20, help="clients per round")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=list(METHOD_KEYS),
+        default=list(METHOD_KEYS),
+        metavar="METHOD",
+        help="methods to run in this order, space-separated, from: "
+        + ", ".join(f"{key} ({name})" for key, name in METHOD_KEYS.items()),
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to join ('auto', ray://HOST:PORT); none: start a local Ray",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="run seed (data, init, sampling)")
+    parser.add_argument("--out", default="runs/fedaws_cifar", help="output folder")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return parser.parse_args(old_method_form(argv))
 
 
 def base_config(args: argparse.Namespace) -> dict:
@@ -100,11 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in wanted if m not in METHODS]
-    if unknown:
-        print(f"unknown method(s) {unknown}; choose from {list(METHODS)}", file=sys.stderr)
-        return 2
+    wanted = [METHOD_KEYS[key] for key in args.methods]
     from raysim.config import RuntimeConfig
     from raysim.runtime import ray_backend
 

@@ -191,14 +191,47 @@ def table(rows: dict[str, dict], title: str, label=lambda k: LABELS.get(k, k)) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="runs/flag_multilabel")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.3, 1.0])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--out", default="runs/flag_multilabel", help="output folder")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="run seeds, space-separated; tables show the mean ± std over them",
+    )
+    parser.add_argument("--rounds", type=int, default=10, help="rounds per run")
+    parser.add_argument(
+        "--alphas",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.3, 1.0],
+        help="FLAG alphas for Table 2, space-separated (run and shown in increasing order)",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=METHODS,
+        metavar="METHOD",
+        help="Table 1's methods in this order, space-separated, from: "
+        + ", ".join(f"{key} ({LABELS[key]})" for key in METHODS),
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override every run gets (repeat the option for several), e.g. "
+        "--set data.name=arff",
+    )
     args = parser.parse_args()
+    # Table 2 is a sweep over alpha: rows in numeric order whatever order they were typed in
+    # (each alpha is its own run, so the order does not change any number).
+    args.alphas = sorted(args.alphas)
     out = Path(args.out)
     started = time.perf_counter()
     results: dict = {"seeds": args.seeds, "rounds": args.rounds, "overrides": args.set}

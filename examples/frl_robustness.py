@@ -265,18 +265,55 @@ def per_client_accuracy(cfg, state) -> list[float]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", choices=list(DATA_OVERRIDES), default="digits")
-    parser.add_argument("--data-root", help="torchvision root for mnist / cifar10")
-    parser.add_argument("--tables", nargs="+", default=list("abcde"), choices=list("abcde"))
-    parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--report-rounds", type=int, nargs="+")
-    parser.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.1, 0.2])
-    parser.add_argument(
-        "--k-values", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument(
+        "--data",
+        choices=list(DATA_OVERRIDES),
+        default="digits",
+        help="digits (bundled, no files) or the paper's MNIST / CIFAR-10 read from --data-root",
+    )
+    parser.add_argument("--data-root", help="torchvision root for mnist / cifar10")
+    parser.add_argument(
+        "--tables",
+        nargs="+",
+        default=list("abcde"),
+        choices=list("abcde"),
+        help="tables to run, space-separated: (a) robustness, (b) communication, "
+        "(c) sparsity, (d) weight init, (e) non-iid",
+    )
+    parser.add_argument("--rounds", type=int, default=200, help="rounds per run")
+    parser.add_argument("--eval-every", type=int, default=10, help="evaluate every N rounds")
+    parser.add_argument(
+        "--report-rounds",
+        type=int,
+        nargs="+",
+        help="rounds at which tables (a) and (c) report accuracy, space-separated "
+        "(none: rounds // 4 times 1, 2, 3, 4, at least --eval-every)",
+    )
+    parser.add_argument(
+        "--fractions",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.1, 0.2],
+        help="fractions of malicious clients for table (a), space-separated",
+    )
+    parser.add_argument(
+        "--k-values",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+        help="FRL's k (fraction of edges kept) for table (c), space-separated",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="run seeds, space-separated; more than one gives mean ± std",
+    )
     parser.add_argument(
         "--attacker-pool",
         type=int,
@@ -284,9 +321,20 @@ def main(argv=None) -> int:
         help="malicious clients the attacker trains per round to craft its "
         "updates (FRL's code: 25)",
     )
-    parser.add_argument("--backend", choices=["ray", "local"], default="ray")
-    parser.add_argument("--out", default="runs/frl_robustness")
+    parser.add_argument(
+        "--backend",
+        choices=["ray", "local"],
+        default="ray",
+        help="one Ray session for every run, or in-process",
+    )
+    parser.add_argument("--out", default="runs/frl_robustness", help="output folder")
     args = parser.parse_args(argv)
+    # Rows and columns in numeric order whatever order the values were typed in; each value
+    # is its own run (memoised by its overrides), so the order changes no number.
+    args.fractions = sorted(args.fractions)
+    args.k_values = sorted(args.k_values)
+    if args.report_rounds:
+        args.report_rounds = sorted(args.report_rounds)
     if args.data != "digits" and not args.data_root:
         parser.error(f"--data {args.data} needs --data-root (nothing is downloaded)")
     if not args.report_rounds:

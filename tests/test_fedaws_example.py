@@ -55,7 +55,8 @@ def test_example_runs_on_xc_files_and_writes_its_table(ray_session, tmp_path):
             "--k",
             "5",
             "--methods",
-            "FedAwS,Baseline-2",
+            "fedaws",
+            "baseline2",
             "--out",
             str(out),
         ]
@@ -70,3 +71,16 @@ def test_example_runs_on_xc_files_and_writes_its_table(ray_session, tmp_path):
     assert set(fedaws["final"]) >= {"p@1", "p@3", "p@5", "class_cosine_mean"}
     assert {"clients_s", "aggregate_s", "index_s", "spreadout_s"} <= set(fedaws["per_round_s"])
     assert "| C=60 | Baseline-2 |" in (out / "table.md").read_text()
+
+
+def test_methods_take_keys_and_the_old_comma_form():
+    """--methods takes space-separated keys; the old comma list of display names still parses
+    to the same keys (kept for one release), and regimes sort by their number."""
+    example = _example()
+    new = example.parse_args(["--methods", "fedaws", "baseline2", "fedaws_ivf"]).methods
+    assert new == ["fedaws", "baseline2", "fedaws_ivf"]
+    assert example.parse_args(["--methods", "FedAwS,Baseline-2,FedAwS IVF"]).methods == new
+    assert example.parse_args(["--methods=FedAwS,Baseline-2", "fedaws_ivf"]).methods == new
+    with pytest.raises(SystemExit):
+        example.parse_args(["--methods", "fedawz"])
+    assert sorted(["C/d=32", "C/d=8"], key=example.regime_order) == ["C/d=8", "C/d=32"]
