@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import sys
 import time
@@ -316,6 +317,14 @@ def _study(args, out: Path) -> int:
         wanted = {METHOD_KEYS[key] for key in args.methods}
         settings = [(r, raw, [m for m in names if m in wanted], d) for r, raw, names, d in settings]
 
+    needs_hnsw = args.index == "hnsw" or any("FedAwS HNSW" in names for *_, names, _ in settings)
+    if needs_hnsw and importlib.util.find_spec("hnswlib") is None:
+        # Checked before any run: the comparison would otherwise stop after hours of others.
+        raise SystemExit(
+            "fedaws_amazon670k: the HNSW comparison needs hnswlib: pip install -e '.[hnsw]' "
+            "(builds with a C++ compiler), or leave it out with --methods fedaws baseline1 "
+            "baseline2 softmax fedaws_ivf"
+        )
     results = {}
     for regime, raw, names, dataset in settings:
         visits = (
