@@ -381,7 +381,7 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
         if not isinstance(value, dict):
             raise ConfigError(
                 f"--set {override}: a whole section is replaced by a mapping, e.g. "
-                f"{parts[0]}={{name: ...}}"
+                f"{parts[0]}='{{key: value}}'; one key is set with {parts[0]}.key=value"
             )
         raw[parts[0]] = dict(value)
         return

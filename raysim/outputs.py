@@ -151,12 +151,14 @@ class RunOutputs:
             old.unlink()
         return path
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
+    def write_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Write summary.json with the run's environment record; returns what was written."""
         summary = {**summary, "environment": self.environment}
         _atomic_write_bytes(
             self.out_dir / "summary.json",
             (json.dumps(_json_safe(summary), indent=2) + "\n").encode(),
         )
+        return summary
 
     def close(self) -> None:
         """Write every queued record, then close the files."""

@@ -57,6 +57,7 @@ class LocalCluster:
     processes: list[subprocess.Popen] = field(default_factory=list)
     metrics_ports: list[int] = field(default_factory=list)
     client_port: int = 0  # the head's Ray Client server: ray://127.0.0.1:client_port
+    dashboard_port: int = 0  # the head's dashboard (job submission), when started with one
 
     def env(self) -> dict[str, str]:
         """Environment of a driver that must join this cluster with `--address auto`."""
@@ -74,7 +75,12 @@ def auth_mode() -> str:
 
 
 def _node_command(
-    head: bool, temp_dir: Path, address: str, gcs_port: int, num_cpus: int
+    head: bool,
+    temp_dir: Path,
+    address: str,
+    gcs_port: int,
+    num_cpus: int,
+    dashboard_port: int = 0,
 ) -> tuple[list[str], int, int]:
     node_manager, object_manager, agent_listen, agent_grpc, metrics, runtime_env, client = (
         free_ports(7)
@@ -106,7 +112,16 @@ def _node_command(
             "--head",
             f"--port={gcs_port}",
             f"--ray-client-server-port={client}",
-            "--include-dashboard=false",
+            # the dashboard only when asked for: `ray job submit` talks to it
+            *(
+                [
+                    "--include-dashboard=true",
+                    "--dashboard-host=127.0.0.1",
+                    f"--dashboard-port={dashboard_port}",
+                ]
+                if dashboard_port
+                else ["--include-dashboard=false"]
+            ),  # fmt: skip
             # export custom metrics every second (default 10 s) so a short run shows them
             '--system-config={"metrics_report_interval_ms": 1000}',
         ]
@@ -118,7 +133,9 @@ def _node_command(
 def _start_node(cluster: LocalCluster, name: str, head: bool, gcs_port: int) -> None:
     temp_dir = cluster.root / name
     temp_dir.mkdir(parents=True)
-    command, metrics, client = _node_command(head, temp_dir, cluster.address, gcs_port, num_cpus=1)
+    command, metrics, client = _node_command(
+        head, temp_dir, cluster.address, gcs_port, num_cpus=1, dashboard_port=cluster.dashboard_port
+    )
     if head:
         cluster.client_port = client
     log = open(cluster.root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
@@ -162,10 +179,13 @@ def alive_nodes(address: str) -> list[dict]:
 
 
 @contextlib.contextmanager
-def two_node_cluster(timeout: float = 120) -> Iterator[LocalCluster]:
-    """Start head + one worker node (1 CPU each) on this host; always tear both down."""
+def two_node_cluster(timeout: float = 120, dashboard: bool = False) -> Iterator[LocalCluster]:
+    """Start head + one worker node (1 CPU each) on this host; always tear both down.
+    `dashboard`: the head also runs Ray's dashboard, for `ray job submit`."""
     # A short root: Ray's unix socket paths must stay under ~107 characters.
     cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="rs2n-", dir="/tmp")))
+    if dashboard:
+        cluster.dashboard_port = free_ports(1)[0]
     try:
         gcs_port = free_ports(1)[0]
         cluster.address = f"127.0.0.1:{gcs_port}"
@@ -249,6 +269,27 @@ def scrape_metrics(port: int) -> str:
             return page.read().decode()
     except OSError:
         return ""
+
+
+def submit_job(
+    cluster: LocalCluster, working_dir: Path, entrypoint: list[str], timeout: float = 600
+) -> str:
+    """`ray job submit --working-dir DIR -- ENTRYPOINT` against the head's dashboard; returns
+    the job's output (the command waits for the job to end; a failed job raises)."""
+    if not cluster.dashboard_port:
+        raise RuntimeError("start the cluster with dashboard=True to submit jobs")
+    command = [
+        sys.executable, "-m", "ray.scripts.scripts", "job", "submit",
+        f"--address=http://127.0.0.1:{cluster.dashboard_port}",
+        f"--working-dir={working_dir}", "--", *entrypoint,
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, env=cluster.env(), capture_output=True, text=True, timeout=timeout
+    )
+    output = result.stdout + result.stderr
+    if result.returncode != 0:  # `ray job submit` exits non-zero when the job fails
+        raise RuntimeError(f"ray job submit failed:\n{output[-3000:]}")
+    return output
 
 
 def run_on_cluster(

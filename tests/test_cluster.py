@@ -7,6 +7,7 @@ process of either node behind (and touches no other Ray)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 import sys
@@ -39,7 +40,7 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
     digits_config, digits_config_path, tmp_path, monkeypatch
 ):
     cluster_script = _cluster_script()
-    with cluster_script.two_node_cluster() as cluster:
+    with cluster_script.two_node_cluster(dashboard=True) as cluster:
         root = cluster.root
         # clients ask for a quarter GPU each: with no GPU in the cluster they must fall back
         # to the CPU (with a notice) instead of waiting forever for one
@@ -60,6 +61,14 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
         plugin_summary, plugin_output = cluster_script.run_on_cluster(
             cluster, "everything.yaml", root / "plugins", ROUNDS, cwd=plugins, address=None
         )
+        # the same through `ray job submit --working-dir` (the job's own runtime env)
+        job_output = cluster_script.submit_job(
+            cluster,
+            plugins,
+            ["python", "-m", "raysim.cli", "run", "everything.yaml", "--out", str(root / "job"),
+             "--set", f"run.rounds={ROUNDS}", "--set", "clients.per_task=5"],
+        )  # fmt: skip
+        job_summary = json.loads((root / "job" / "summary.json").read_text())
         assert cluster_script.leftover_processes(str(root))  # sanity: the marker finds them
     # teardown: nothing of either node is left, and its files are gone
     assert cluster_script.leftover_processes(str(root)) == []
@@ -94,6 +103,10 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
         tensorboard=False,
     )
     assert plugin_summary["final"] == plugin_local.summary["final"]  # bit for bit
+    assert "succeeded" in job_output and "2 node(s)" in job_output
+    assert job_summary["final"] == plugin_local.summary["final"]
+    # the job's log (no terminal: progress as plain lines, no carriage returns)
+    assert "\r" not in job_output and re.search(rf"round +\d+/{ROUNDS}", job_output)
 
     # Ray custom metrics from the server actor, exported by its node's metrics agent
     assert _metric(metrics, "rounds_total") == ROUNDS

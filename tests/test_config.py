@@ -163,7 +163,8 @@ def test_range_errors_name_the_key(digits_config_path, override, message):
     with pytest.raises(ConfigError, match=message) as caught:
         config.load(digits_config_path, [override])
     text = str(caught.value)
-    assert text.startswith(f"{digits_config_path}: ")  # names the file too
+    # the bad value came from the command line: the error names that override, not the file
+    assert text.startswith(f"--set {override}: ")
     assert "\n" not in text
 
 
@@ -183,6 +184,15 @@ def test_range_errors_name_the_key(digits_config_path, override, message):
 def test_wrong_types_are_rejected_bool_included(digits_config_path, override, message):
     with pytest.raises(ConfigError, match=message):
         config.load(digits_config_path, [override])
+
+
+def test_a_section_set_to_a_scalar_says_how_to_replace_or_set_it(digits_config_path):
+    # `section=value` replaces a whole section, so it takes a mapping only
+    with pytest.raises(
+        ConfigError, match=re.escape("--set run=3: a whole section is replaced by a mapping")
+    ) as caught:
+        config.load(digits_config_path, ["run=3"])
+    assert "run.key=value" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_unknown_section_is_rejected_with_suggestion(digits_config_path):
@@ -208,7 +218,7 @@ def test_unknown_key_in_the_yaml_file_names_file_and_key(tmp_path):
         config.load(path)
 
 
-@pytest.mark.parametrize("override", ["run=3", "clients", "a.b.c=1", ".rounds=1"])
+@pytest.mark.parametrize("override", ["clients", "a.b.c=1", ".rounds=1"])
 def test_malformed_override_is_rejected(digits_config_path, override):
     with pytest.raises(
         ConfigError,

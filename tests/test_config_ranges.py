@@ -7,6 +7,7 @@ ValueError from deep inside numpy or torch at run time), name the key, and fit o
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from raysim import config
 from raysim.errors import ConfigError
@@ -120,11 +121,21 @@ def test_out_of_range_value_is_one_config_error_naming_the_key(overrides, key, e
     assert "\n" not in message
 
 
-def test_through_a_file_the_message_names_the_file(digits_config_path):
+def test_through_a_file_the_message_names_the_file(digits_config_path, tmp_path):
+    raw = yaml.safe_load(digits_config_path.read_text())
+    raw["clients"]["momentum"] = -0.5
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as caught:
+        config.load(path)
+    assert str(caught.value) == f"{path}: 'clients.momentum' must be in [0, 1), got -0.5"
+
+
+def test_through_an_override_the_message_names_the_override(digits_config_path):
     with pytest.raises(ConfigError) as caught:
         config.load(digits_config_path, ["clients.momentum=-0.5"])
     assert str(caught.value) == (
-        f"{digits_config_path}: 'clients.momentum' must be in [0, 1), got -0.5"
+        "--set clients.momentum=-0.5: 'clients.momentum' must be in [0, 1), got -0.5"
     )
 
 

@@ -56,8 +56,8 @@ def test_unknown_key_suggests_the_closest_cli(run_cli, digits_config_path, tmp_p
     line = _one_line_error(
         _cli_run(run_cli, digits_config_path, tmp_path / "out", "clients.lrr=0.1")
     )
-    assert line.startswith(
-        f"raysim: error: {digits_config_path}: unknown key 'clients.lrr' (did you mean 'lr'?)"
+    assert line.startswith(  # the typo is in the override, not in the file
+        "raysim: error: --set clients.lrr=0.1: unknown key 'clients.lrr' (did you mean 'lr'?)"
     )
     assert not (tmp_path / "out").exists()  # nothing ran, nothing written
 
@@ -194,8 +194,8 @@ def _femnist_root(tmp_path: Path) -> Path:
 
 FEMNIST = (
     "data.name=femnist",
-    "partition.name=natural",
-    "partition.num_clients=2",
+    # the whole partition section replaced: the file's dirichlet alpha does not apply
+    "partition={name: natural, num_clients: 2}",
     "clients.per_round=1",
 )
 

@@ -372,7 +372,7 @@ def run(
                 with_server(backend.task_nodes, rounds) if hasattr(backend, "task_nodes") else None
             ),
         }
-        outputs.write_summary(summary)
+        summary = outputs.write_summary(summary)  # + the run's environment record
     finally:
         if bar is not None:
             bar.close()
