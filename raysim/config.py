@@ -107,6 +107,10 @@ class ServerConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     eps: float = 1e-3
+    # GPUs of the server (on Ray, reserved for the server actor): evaluation and the
+    # algorithm's server-side tensor work (FedAwS: exact index search, spreadout) run there.
+    # 0: the CPU. Without a GPU in the cluster the server runs on the CPU, with a notice.
+    num_gpus: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -570,6 +574,8 @@ def _validate(config: Config, source: str) -> None:
     require(finite(clients.num_cpus), "clients.num_cpus", "finite", clients.num_cpus)
     require(clients.num_gpus >= 0, "clients.num_gpus", ">= 0", clients.num_gpus)
     require(finite(clients.num_gpus), "clients.num_gpus", "finite", clients.num_gpus)
+    server_gpus = config.server.num_gpus
+    require(server_gpus >= 0 and finite(server_gpus), "server.num_gpus", ">= 0", server_gpus)
     require(clients.max_retries >= 0, "clients.max_retries", ">= 0", clients.max_retries)
     faults = config.faults
     for key in ("client_failure_rate", "hard_exit_fraction", "straggler_rate"):

@@ -49,14 +49,16 @@ def mean_average_precision(scores: np.ndarray, targets: np.ndarray) -> float:
 
 
 def predict_scores(model: nn.Module, x: np.ndarray, batch_size: int = 1024) -> np.ndarray:
-    """Logits of `model` on x (n, ...) as float32 (n, L); eval mode, no gradients."""
+    """Logits of `model` on x (n, ...) as float32 (n, L); eval mode, no gradients; computed
+    on the model's device."""
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     outputs = []
     with torch.no_grad():
         for start in range(0, len(x), batch_size):
             batch = torch.from_numpy(np.asarray(x[start : start + batch_size], dtype=np.float32))
-            outputs.append(model(batch).numpy())
+            outputs.append(model(batch.to(device)).cpu().numpy())
     model.train(was_training)
     if not outputs:
         return np.zeros((0, 0), dtype=np.float32)

@@ -39,6 +39,7 @@ from raysim.errors import ConfigError
 from raysim.metrics_xml import mean_pairwise_cosine, precision_at_k
 from raysim.models.layout import ModelLayout, layout_of
 from raysim.models.vector import cached_model, get_vector, set_vector
+from raysim.runtime.devices import server_device, to_numpy
 
 
 @dataclass(frozen=True)
@@ -153,10 +154,11 @@ class ClassEmbeddingMethod:
         arrays = {"params": params, "class_embeddings": classes}
         return ServerState(0, {**arrays, **server_optimizers.slot_arrays(slots)})
 
-    def _worker_model(self, ctx: RunContext, broadcast: Broadcast):
-        """This worker's model holding theta; loaded in full once per payload, after that
-        only the dense layers are reset (the bag table is never modified in place)."""
-        model = cached_model(ctx)
+    def _worker_model(self, ctx: RunContext, broadcast: Broadcast, device=None):
+        """This worker's model (on `device`; None: the CPU) holding theta; loaded in full once
+        per payload, after that only the dense layers are reset (the bag table is never
+        modified in place)."""
+        model = cached_model(ctx, device)
         layout = layout_of(model)
         if getattr(model, "_fedaws_token", None) != broadcast.token:
             set_vector(model, broadcast.theta)
@@ -167,10 +169,11 @@ class ClassEmbeddingMethod:
 
     def _local_table(self, model, layout: ModelLayout, x: torch.Tensor, theta: np.ndarray):
         """The rows of the bag table this client touches, as a small trainable table, and x
-        re-indexed into it: training then never touches (or resets) the full table."""
+        re-indexed into it: training then never touches (or resets) the full table. Both on
+        x's device."""
         touched = model.touched_feature_rows(x)
-        table = torch.from_numpy(layout.bag_row_slice(theta, touched).copy())
-        return touched, table.requires_grad_(True), model.remap(x, touched)
+        table = torch.from_numpy(layout.bag_row_slice(theta, touched).copy()).to(x.device)
+        return touched, table.requires_grad_(True), model.remap(x, touched).to(x.device)
 
     @staticmethod
     def _embed(model, layout, x, local_x, table) -> torch.Tensor:
@@ -196,6 +199,7 @@ class ClassEmbeddingMethod:
             epochs=clients.local_epochs,
             loss_fn=loss_fn,
             optimizer=optimizer,
+            device=x.device,
         )
 
     def _theta_message(self, model, layout, broadcast, touched, table) -> dict:
@@ -204,7 +208,7 @@ class ClassEmbeddingMethod:
         message = {"dense": layout.dense_vector() - layout.theta_dense(theta)}
         if layout.bag is not None:
             with torch.no_grad():
-                rows = table.numpy() - layout.bag_row_slice(theta, touched)
+                rows = to_numpy(table) - layout.bag_row_slice(theta, touched)
             message["bag_ids"] = touched.astype(np.int32)
             message["bag_rows"] = rows.astype(np.float32)
         return message
@@ -271,18 +275,19 @@ class ClassEmbeddingMethod:
     ) -> dict[str, float]:
         """P@1/3/5 against all true labels (XML; y padded with -1) or accuracy (one label),
         on the first `eval_max_points` test points; plus the mean pairwise cosine of W."""
-        model = cached_model(ctx)
+        device = server_device(ctx)  # the server's GPU when it has one
+        model = cached_model(ctx, device)
         set_vector(model, state.arrays["params"])
         model._fedaws_token = None  # the worker cache no longer holds a payload's theta
-        classes = torch.from_numpy(state.arrays["class_embeddings"])
+        classes = torch.from_numpy(state.arrays["class_embeddings"]).to(device)
         count = min(len(x), self.eval_max_points)
         tops = []
         model.eval()
         with torch.no_grad():
             for start in range(0, count, 512):
-                embedding = model(torch.from_numpy(np.array(x[start : min(count, start + 512)])))
-                scores = embedding @ classes.T
-                tops.append(torch.topk(scores, min(5, scores.shape[1]), dim=1).indices.numpy())
+                batch = torch.from_numpy(np.array(x[start : min(count, start + 512)]))
+                scores = model(batch.to(device)) @ classes.T
+                tops.append(to_numpy(torch.topk(scores, min(5, scores.shape[1]), dim=1).indices))
         model.train()
         top = np.concatenate(tops) if tops else np.zeros((0, 5), dtype=np.int64)
         result = precision_at_k(top, np.asarray(y[:count]))

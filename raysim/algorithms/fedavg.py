@@ -20,7 +20,7 @@ from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import local_training
 from raysim.metrics import evaluate_classifier
 from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
-from raysim.runtime.devices import autocast, client_device
+from raysim.runtime.devices import autocast, client_device, server_device
 
 
 class DeltaAveraging:
@@ -142,7 +142,7 @@ class DeltaAveraging:
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
     ) -> dict[str, float]:
-        model = cached_model(ctx)
+        model = cached_model(ctx, server_device(ctx))  # the server's GPU when it has one
         set_vector(model, state.arrays["params"])
         return evaluate_classifier(model, x, y)
 

@@ -39,6 +39,7 @@ from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.errors import ConfigError
 from raysim.models.vector import build_model
+from raysim.runtime.devices import client_device, server_device, to_numpy
 
 SPREADOUT_MODES = ("topk", "full", "none")
 DISTANCES = ("cosine", "euclidean")
@@ -132,13 +133,16 @@ class FedAwS(ClassEmbeddingMethod):
     ) -> ClientUpdate:
         broadcast, own_row = payload
         clients = ctx.config.clients
-        model, layout = self._worker_model(ctx, broadcast)
+        # The task's GPU when clients.num_gpus reserved one, else the CPU (runtime.devices).
+        device = client_device(ctx)
+        x, y = x.to(device), y.to(device)
+        model, layout = self._worker_model(ctx, broadcast, device)
         touched = table = local_x = None
         params = [p for p in model.parameters() if layout.bag is None or p is not layout.bag.weight]
         if layout.bag is not None:
             touched, table, local_x = self._local_table(model, layout, x, broadcast.theta)
             params.append(table)
-        row = torch.tensor(np.asarray(own_row, dtype=np.float32), requires_grad=True)
+        row = torch.tensor(np.asarray(own_row, dtype=np.float32), device=device, requires_grad=True)
         groups = [{"params": params}]
         if self.train_class_embeddings:
             groups.append({"params": [row], "lr": self.class_lr or clients.lr})
@@ -160,7 +164,7 @@ class FedAwS(ClassEmbeddingMethod):
         message = self._theta_message(model, layout, broadcast, touched, table)
         if self.train_class_embeddings:
             message["class"] = int(y[0]) if len(y) else -1
-            message["row"] = normalize_rows(row.detach().numpy()[None, :])[0]
+            message["row"] = normalize_rows(to_numpy(row)[None, :])[0]
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
@@ -208,7 +212,7 @@ class FedAwS(ClassEmbeddingMethod):
         step = self.lambda_ * (self.spreadout_lr or ctx.config.clients.lr)
         if self.spreadout == "full":
             started = time.perf_counter()
-            _, grad = reg.spreadout_full(classes, self.nu, self.distance)
+            _, grad = reg.spreadout_full(classes, self.nu, self.distance, server_device(ctx))
             classes = normalize_rows(classes - step * np.asarray(grad, dtype=np.float32))
             times["spreadout_s"] = time.perf_counter() - started
             return classes
@@ -219,8 +223,8 @@ class FedAwS(ClassEmbeddingMethod):
         )
         times["index_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        _, grad_rows, grad_ids = reg.spreadout_topk(
-            classes, updated, neighbor_ids, neighbor_nu, self.distance
+        _, grad_rows, grad_ids = reg.spreadout_topk(  # products on the server's GPU if any
+            classes, updated, neighbor_ids, neighbor_nu, self.distance, server_device(ctx)
         )
         classes[grad_ids] = normalize_rows(
             classes[grad_ids] - step * np.asarray(grad_rows, dtype=np.float32)

@@ -23,6 +23,7 @@ from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.errors import ConfigError
 from raysim.models.vector import build_model
+from raysim.runtime.devices import client_device, to_numpy
 
 
 class FedAwSSoftmax(ClassEmbeddingMethod):
@@ -54,14 +55,17 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
         self, payload: Broadcast, x: torch.Tensor, y: torch.Tensor, client_id, generator, ctx
     ) -> ClientUpdate:
         clients = ctx.config.clients
-        model, layout = self._worker_model(ctx, payload)
+        # The task's GPU when clients.num_gpus reserved one, else the CPU (runtime.devices).
+        device = client_device(ctx)
+        x, y = x.to(device), y.to(device)
+        model, layout = self._worker_model(ctx, payload, device)
         touched = table = local_x = None
         params = [p for p in model.parameters() if layout.bag is None or p is not layout.bag.weight]
         if layout.bag is not None:
             touched, table, local_x = self._local_table(model, layout, x, payload.theta)
             params.append(table)
         start_classes = np.asarray(payload.classes, dtype=np.float32)
-        classes = torch.tensor(start_classes, requires_grad=True)
+        classes = torch.tensor(start_classes, device=device, requires_grad=True)
         optimizer = torch.optim.SGD(
             [{"params": params}, {"params": [classes], "lr": self.class_lr or clients.lr}],
             lr=clients.lr,
@@ -77,7 +81,7 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
             model, layout, x, y, local_x, table, generator, optimizer, ctx, softmax_loss
         )
         message = self._theta_message(model, layout, payload, touched, table)
-        message["classes"] = classes.detach().numpy() - start_classes
+        message["classes"] = to_numpy(classes) - start_classes
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),

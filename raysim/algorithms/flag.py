@@ -41,6 +41,7 @@ from raysim.metrics_multilabel import (
     summarise_clients,
 )
 from raysim.models.vector import cached_model, set_vector
+from raysim.runtime.devices import server_device
 
 WEIGHTINGS = ("flag", "samples", "uniform")
 OPTIMIZERS = ("adam", "sgd")
@@ -284,7 +285,7 @@ class MultiLabelAveraging(DeltaAveraging):
             if key.startswith(CLIENT_MODEL_PREFIX)
         }
         return evaluate_multilabel(
-            cached_model(ctx), state.arrays["params"], client_params, x, y, ctx
+            cached_model(ctx, server_device(ctx)), state.arrays["params"], client_params, x, y, ctx
         )
 
 

@@ -39,6 +39,7 @@ from raysim.core.training import local_training, set_lr
 from raysim.errors import ConfigError
 from raysim.metrics import evaluate_classifier
 from raysim.models.supermask import WEIGHT_INITS, Supernet, cached_supernet
+from raysim.runtime.devices import client_device, server_device, to_numpy
 
 # --- the math, as pure functions -----------------------------------------------------------------
 
@@ -108,7 +109,8 @@ class FRL:
         self.lr_decay = float(lr_decay)
 
     # --- the supernetwork, regenerated from the seed once per process ---------------------------
-    def supernet(self, ctx: RunContext) -> Supernet:
+    def supernet(self, ctx: RunContext, device: torch.device | None = None) -> Supernet:
+        """The run's supernet in this process, on `device` (None: the CPU)."""
         model = ctx.config.model
         return cached_supernet(
             model.name,
@@ -118,6 +120,7 @@ class FRL:
             k=self.k,
             mask_by_abs=self.mask_by_abs,
             weight_init=self.weight_init,
+            device=device,
             **model.options,
         )
 
@@ -165,7 +168,7 @@ class FRL:
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext
     ) -> dict[str, float]:
-        supernet = self.supernet(ctx)
+        supernet = self.supernet(ctx, server_device(ctx))  # the server's GPU when it has one
         supernet.load_rankings(self.rankings(state))
         return evaluate_classifier(supernet.model, x, y)
 
@@ -195,6 +198,7 @@ class FRL:
             loss_fn=lambda batch: nn.functional.cross_entropy(model(x[batch]), y[batch]),
             optimizer=optimizer,
             before_step=lambda step: set_lr(optimizer, cosine_lr(lr, step, total_steps)),
+            device=x.device,
         )
 
     # --- client --------------------------------------------------------------------------------
@@ -207,7 +211,9 @@ class FRL:
         generator: torch.Generator,
         ctx: RunContext,
     ) -> ClientUpdate:
-        supernet = self.supernet(ctx)
+        # The task's GPU when clients.num_gpus reserved one, else the CPU (runtime.devices).
+        device = client_device(ctx)
+        supernet = self.supernet(ctx, device)
         sizes = supernet.layer_sizes
         global_rankings = [
             unpack(packed, n, n) for packed, n in zip(payload["rankings"], sizes, strict=True)
@@ -217,8 +223,8 @@ class FRL:
         if len(y):
             supernet.load_rankings(global_rankings)
             lr = ctx.config.clients.lr * self.lr_decay**round_index
-            loss = self.train_locally(supernet, x, y, generator, ctx, lr)
-            rankings = [ranking_of(layer.scores.detach().numpy()) for layer in supernet.layers]
+            loss = self.train_locally(supernet, x.to(device), y.to(device), generator, ctx, lr)
+            rankings = [ranking_of(to_numpy(layer.scores)) for layer in supernet.layers]
         else:  # nothing to learn from: vote for the current global ranking
             rankings = global_rankings
         # Positions of every layer, concatenated; the task bit-packs them (codec 'ranks').

@@ -34,6 +34,7 @@ from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import local_training
 from raysim.errors import ConfigError
 from raysim.models.vector import _tensors, cached_model, get_vector, set_vector
+from raysim.runtime.devices import client_device, server_device
 
 PERSONAL_PARTS = ("all", "bn", "classifier")
 _MASK_CACHE: dict[tuple[str, str], np.ndarray] = {}
@@ -136,9 +137,8 @@ class PersonalizedAveraging(MultiLabelAveraging):
         # Local only has no global model; with a personal classifier the global copy of the
         # classifier is never trained, so neither has a meaningful GmAP.
         global_params = None if self.part in ("all", "classifier") else state.arrays["params"]
-        return evaluate_multilabel(
-            cached_model(ctx), global_params, self.client_models(state, ctx), x, y, ctx
-        )
+        model = cached_model(ctx, server_device(ctx))  # the server's GPU when it has one
+        return evaluate_multilabel(model, global_params, self.client_models(state, ctx), x, y, ctx)
 
 
 class LocalOnly(PersonalizedAveraging):
@@ -206,16 +206,18 @@ class PerFedAvg(MultiLabelAveraging):
         ctx: RunContext,
     ) -> ClientUpdate:
         clients = ctx.config.clients
-        model = cached_model(ctx)
-        targets = y.float()
+        # The task's GPU when clients.num_gpus reserved one, else the CPU (runtime.devices).
+        device = client_device(ctx)
+        model = cached_model(ctx, device)
+        stats = declared_stats(y.numpy(), ctx.num_classes)
+        x, targets = x.to(device), y.float().to(device)
         loss = float("nan")
         set_vector(model, payload)
         if len(y):
             # The personal model: one adaptation step from the received global model.
             model.train()
-            self._adapt(
-                model, x, targets, torch.randperm(len(y), generator=generator)[: clients.batch_size]
-            )
+            first = torch.randperm(len(y), generator=generator)[: clients.batch_size]
+            self._adapt(model, x, targets, first.to(device))
             ctx.client_state.put(client_id, {"personal": get_vector(model)})
             set_vector(model, payload)
             params = list(model.parameters())
@@ -247,6 +249,7 @@ class PerFedAvg(MultiLabelAveraging):
                 optimizer=optimizer,
                 backward=first_order_gradient,
                 batches_per_step=2,  # (inner, outer) pairs of consecutive batches
+                device=device,
                 loss_without_steps=float("nan"),
             )
         delta = get_vector(model) - payload
@@ -255,7 +258,7 @@ class PerFedAvg(MultiLabelAveraging):
             num_samples=len(y),
             message=delta,
             metrics={"loss": loss},
-            stats=declared_stats(y.numpy(), ctx.num_classes),
+            stats=stats,
         )
 
     def evaluate(
@@ -263,4 +266,5 @@ class PerFedAvg(MultiLabelAveraging):
     ) -> dict[str, float]:
         store = ctx.client_state
         personal = {c: store.get(c)["personal"] for c in store.client_ids()}
-        return evaluate_multilabel(cached_model(ctx), state.arrays["params"], personal, x, y, ctx)
+        model = cached_model(ctx, server_device(ctx))
+        return evaluate_multilabel(model, state.arrays["params"], personal, x, y, ctx)

@@ -38,17 +38,25 @@ def _check_distance(distance: str) -> None:
 
 
 def _like(value: torch.Tensor, template: Any) -> Any:
-    return value.numpy() if isinstance(template, np.ndarray) else value
+    """`value` as the kind of `template`: numpy (from any device) or a tensor on its device."""
+    if isinstance(template, np.ndarray):
+        return value.cpu().numpy()
+    return value.to(template.device)
 
 
-def spreadout_full(W: Any, nu: float, distance: str = "cosine") -> tuple[float, Any]:
+def spreadout_full(
+    W: Any, nu: float, distance: str = "cosine", device: torch.device | None = None
+) -> tuple[float, Any]:
     """Eq. 7 over all ordered pairs: (value, dense gradient with W's shape).
 
     Needs C x C memory: for small C (CIFAR, AmazonCat-13K at a push); use spreadout_topk
     beyond that. Each unordered pair appears twice in the sum, so its gradient counts twice.
+    `device`: where the products run (None: where W is).
     """
     _check_distance(distance)
     weights = torch.as_tensor(W)
+    if device is not None:
+        weights = weights.to(device)
     gram = weights @ weights.T
     if distance == "cosine":
         hinge = torch.clamp(nu - (1.0 - gram), min=0)
@@ -75,6 +83,7 @@ def spreadout_topk(
     neighbor_ids: Any,
     neighbor_nu: Any,
     distance: str = "cosine",
+    device: torch.device | None = None,
 ) -> tuple[float, Any, np.ndarray]:
     """Eq. 8 with mined negatives: (value, grad_rows, grad_row_ids).
 
@@ -87,6 +96,10 @@ def spreadout_topk(
     Summation order is fixed, so the result is deterministic: a row's gradient is its c-side
     part (one batched product over its k neighbours) plus its y-side contributions added one by
     one in pair order (class order, then neighbour rank; torch's CPU index_add_ is sequential).
+
+    `device`: where the pair products (the gathers and einsums, the bulk of the work) run;
+    None: where W is. The scatter of the y-side contributions always runs on the CPU, in
+    that fixed order (a GPU's index_add_ adds in no fixed order).
     """
     _check_distance(distance)
     weights = torch.as_tensor(W)
@@ -106,16 +119,19 @@ def spreadout_topk(
 
     dim = weights.shape[1]
     step = max(1, _PAIR_CHUNK_ELEMENTS // max(1, k * dim))
-    chunks = []  # per chunk of classes: (hinge, coef, c-side gradient, class rows)
+    # the pair products on `device` (no copies when it is where W already is)
+    on_device = weights if device is None else weights.to(device)
+    nu_on_device = nu.to(on_device.device)
+    chunks = []  # per chunk of classes: (hinge, coef, c-side gradient, class rows), on the CPU
     for start in range(0, count, step):
         stop = min(count, start + step)
-        own = weights[torch.from_numpy(classes[start:stop])]  # (b, dim)
-        other = weights[torch.from_numpy(neighbors[start:stop])]  # (b, k, dim)
+        own = on_device[torch.from_numpy(classes[start:stop]).to(on_device.device)]  # (b, dim)
+        other = on_device[torch.from_numpy(neighbors[start:stop]).to(on_device.device)]
         if distance == "cosine":
             dist = 1.0 - torch.einsum("bd,bkd->bk", own, other)
         else:
             dist = torch.linalg.vector_norm(own[:, None, :] - other, dim=2)
-        hinge = torch.clamp(nu[start:stop, None] - dist, min=0)
+        hinge = torch.clamp(nu_on_device[start:stop, None] - dist, min=0)
         if distance == "cosine":
             # d h^2 / d w_c = 2 h w_y  and  d h^2 / d w_y = 2 h w_c
             coef = 2.0 * hinge
@@ -124,7 +140,8 @@ def spreadout_topk(
             # d h^2 / d w_c = -2 h (w_c - w_y) / d  and  d h^2 / d w_y = +2 h (w_c - w_y) / d
             coef = torch.where(dist > 0, 2.0 * hinge / torch.where(dist > 0, dist, 1.0), 0.0)
             own_grad = torch.einsum("bk,bkd->bd", coef, other) - coef.sum(1, keepdim=True) * own
-        chunks.append((hinge, coef, own_grad, own))
+        chunks.append(tuple(t.cpu() for t in (hinge, coef, own_grad, own)))  # CPU: no-ops
+    weights = weights.cpu()  # the y-side scatter below runs on the CPU (fixed order)
     empty = torch.zeros((0, k), dtype=weights.dtype)
     hinge = torch.cat([c[0] for c in chunks]) if chunks else empty
     coef = torch.cat([c[1] for c in chunks]) if chunks else empty

@@ -40,7 +40,8 @@ class ModelLayout:
 
     def dense_vector(self) -> np.ndarray:
         with torch.no_grad():
-            return torch.cat([t.detach().reshape(-1) for t, _, _ in self.dense]).numpy().copy()
+            dense = torch.cat([t.detach().reshape(-1) for t, _, _ in self.dense])
+            return dense.cpu().numpy().copy()  # .cpu(): no-op on the CPU, one copy from a GPU
 
     def load_dense(self, theta: np.ndarray) -> None:
         source = torch.from_numpy(np.asarray(theta, dtype=np.float32))

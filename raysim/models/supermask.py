@@ -291,6 +291,13 @@ class Supernet:
             self.sorted_initial_scores.append(ordered.values.clone())
             self._initial_rankings.append(ordered.indices.numpy().astype(np.int64))
 
+    def to(self, device: torch.device) -> Supernet:
+        """Move the network and the sorted initial scores to `device` (in place). The initial
+        rankings stay those computed on the CPU at construction."""
+        self.model.to(device)
+        self.sorted_initial_scores = [s.to(device) for s in self.sorted_initial_scores]
+        return self
+
     def initial_rankings(self) -> list[np.ndarray]:
         """R_g of round 0: per layer, argsort of the initial scores (ascending, stable)."""
         return [ranking.copy() for ranking in self._initial_rankings]
@@ -303,8 +310,8 @@ class Supernet:
             for layer, ranking, sorted_scores in zip(
                 self.layers, rankings, self.sorted_initial_scores, strict=True
             ):
-                index = torch.from_numpy(np.asarray(ranking, dtype=np.int64))
                 flat = layer.scores.data.view(-1)
+                index = torch.from_numpy(np.asarray(ranking, dtype=np.int64)).to(flat.device)
                 flat[index] = sorted_scores
 
 
@@ -320,13 +327,18 @@ def cached_supernet(
     k: float = 0.5,
     mask_by_abs: bool = False,
     weight_init: str = "signed_kaiming_constant",
+    device: torch.device | None = None,
     **model_options,
 ) -> Supernet:
-    """One supernet per (architecture, options, shapes, seed, init, k, mask_by_abs) per process.
+    """One supernet per (architecture, options, shapes, seed, init, k, mask_by_abs, device)
+    per process.
 
-    Regenerated from the seed once per worker process, never per client. Users overwrite all
-    scores (`load_rankings`) before use, so reuse cannot leak state between clients.
+    Regenerated from the seed once per worker process, never per client, always on the CPU
+    (so every device holds the same weights and initial scores), then moved to `device`.
+    Users overwrite all scores (`load_rankings`) before use, so reuse cannot leak state
+    between clients.
     """
+    device = torch.device("cpu") if device is None else torch.device(device)
     key = json.dumps(
         [
             name,
@@ -337,6 +349,7 @@ def cached_supernet(
             weight_init,
             float(k),
             bool(mask_by_abs),
+            *([] if device.type == "cpu" else [str(device)]),
         ],
         sort_keys=True,
         default=list,
@@ -354,6 +367,8 @@ def cached_supernet(
             **model_options,
         )
         supernet = _SUPERNET_CACHE[key] = Supernet(model)
+        if device.type != "cpu":
+            supernet.to(device)
     return supernet
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 
 _NOTICES: set[str] = set()
@@ -23,28 +24,46 @@ def notice_once(message: str) -> None:
         print(f"raysim: notice: {message}", file=sys.stderr, flush=True)
 
 
-def task_num_gpus(requested: float, cluster_gpus: float, notice: bool = True) -> float:
-    """The GPUs a client task asks Ray for: `requested`, or 0 when the cluster has no GPU."""
+def task_num_gpus(
+    requested: float,
+    cluster_gpus: float,
+    notice: bool = True,
+    key: str = "clients.num_gpus",
+    fallback: str = "client tasks train on the CPU",
+) -> float:
+    """The GPUs a task (or actor) asks Ray for: `requested`, or 0 when the cluster has no GPU."""
     if requested > 0 and cluster_gpus <= 0:
         if notice:
-            notice_once(
-                f"clients.num_gpus={requested:g} but the Ray cluster has no GPUs; "
-                "client tasks train on the CPU"
-            )
+            notice_once(f"{key}={requested:g} but the Ray cluster has no GPUs; {fallback}")
         return 0.0
     return requested
 
 
-def client_device(ctx) -> torch.device:  # ctx: raysim.core.algorithm.RunContext
-    """cuda when clients.num_gpus > 0 and this process sees a GPU, else cpu (with a notice)."""
-    if ctx.config.clients.num_gpus > 0:
+def _device(requested: float, key: str, who: str) -> torch.device:
+    if requested > 0:
         if torch.cuda.is_available():
             return torch.device("cuda")
         notice_once(
-            f"clients.num_gpus={ctx.config.clients.num_gpus:g} but no GPU is visible here "
-            "(torch.cuda.is_available() is False); clients train on the CPU"
+            f"{key}={requested:g} but no GPU is visible here "
+            f"(torch.cuda.is_available() is False); {who} on the CPU"
         )
     return torch.device("cpu")
+
+
+def client_device(ctx) -> torch.device:  # ctx: raysim.core.algorithm.RunContext
+    """cuda when clients.num_gpus > 0 and this process sees a GPU, else cpu (with a notice)."""
+    return _device(ctx.config.clients.num_gpus, "clients.num_gpus", "clients train")
+
+
+def server_device(ctx) -> torch.device:  # ctx: raysim.core.algorithm.RunContext
+    """Where the server's tensor work and evaluation run: cuda when server.num_gpus > 0 and
+    this process sees a GPU, else cpu (with a notice). The same functions run on either."""
+    return _device(ctx.config.server.num_gpus, "server.num_gpus", "the server runs")
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's values as numpy, from any device (no copy for a CPU tensor)."""
+    return tensor.detach().cpu().numpy()
 
 
 def autocast(device: torch.device, enabled: bool):

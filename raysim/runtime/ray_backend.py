@@ -115,9 +115,11 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise RaysimError(_unreachable(address, error)) from None
 
 
-def check_resources_fit(clients) -> None:
-    """A client task asking for more CPUs (or GPUs) than any node has would wait forever:
-    refuse it in one line. (No GPU at all: the tasks fall back to the CPU, with a notice.)"""
+def check_resources_fit(config) -> None:
+    """A client task (or the server actor) asking for more CPUs or GPUs than any node has
+    would wait forever: refuse it in one line. (No GPU at all: they fall back to the CPU,
+    with a notice.)"""
+    clients = config.clients
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     if not nodes:
         return
@@ -132,6 +134,11 @@ def check_resources_fit(clients) -> None:
         raise RaysimError(
             f"clients.num_gpus={clients.num_gpus:g} but the largest node of the Ray cluster has "
             f"{most_gpus:g} GPUs: a client task could never start; lower clients.num_gpus"
+        )
+    if most_gpus and config.server.num_gpus > most_gpus:
+        raise RaysimError(
+            f"server.num_gpus={config.server.num_gpus:g} but the largest node of the Ray cluster "
+            f"has {most_gpus:g} GPUs: the server could never start; lower server.num_gpus"
         )
 
 
@@ -459,7 +466,7 @@ class RayBackend:
         if not started_ray:
             ship_plugins_by_value()
         try:
-            check_resources_fit(config.clients)
+            check_resources_fit(config)
             dataset, train_x_ref = load_dataset_in_cluster(config)
             split, ctx = prepare(dataset)
             backend = cls(ctx, dataset, split, train_x_ref)
@@ -499,7 +506,15 @@ class RayBackend:
             ray.put(dataset.test_y),
             single_class_of_clients(dataset.train_y, split.indices, split.offsets),
         )
-        self.server = ServerActor.remote(*self._server_args)
+        # The server actor reserves server.num_gpus (none when the cluster has no GPU: then it
+        # runs on the CPU, with a notice, instead of waiting forever for a GPU).
+        self._server_gpus = task_num_gpus(
+            ctx.config.server.num_gpus,
+            ray.cluster_resources().get("GPU", 0.0),
+            key="server.num_gpus",
+            fallback="the server runs on the CPU",
+        )
+        self.server = ServerActor.options(num_gpus=self._server_gpus).remote(*self._server_args)
         self.restarts = 0
         # Test hook: RAYSIM_TEST_KILL_SERVER_AT_ROUND=r kills the server actor once, while it
         # runs round r (1-based), as a crashed server would die.
@@ -584,7 +599,7 @@ class RayBackend:
         except Exception:  # noqa: BLE001 - it is already gone
             pass
         self.restarts += 1
-        self.server = ServerActor.remote(*self._server_args)
+        self.server = ServerActor.options(num_gpus=self._server_gpus).remote(*self._server_args)
         if state is not None:
             self.set_state(state)
         elif self.ctx.client_state is not None:
