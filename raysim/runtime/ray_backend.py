@@ -115,6 +115,28 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise RaysimError(_unreachable(address, error)) from None
 
 
+def _granted_gpus(ctx: RunContext, cluster_gpus: float) -> RunContext:
+    """The run context with the GPUs its tasks and server actor really get: a request the
+    cluster cannot meet (no GPU in it) becomes 0, said once here, in the driver, so that the
+    workers use the CPU without repeating the notice and nothing waits forever for a GPU."""
+    config = ctx.config
+    clients_gpus = task_num_gpus(config.clients.num_gpus, cluster_gpus)
+    server_gpus = task_num_gpus(
+        config.server.num_gpus,
+        cluster_gpus,
+        key="server.num_gpus",
+        fallback="the server runs on the CPU",
+    )
+    if (clients_gpus, server_gpus) == (config.clients.num_gpus, config.server.num_gpus):
+        return ctx
+    granted = dataclasses.replace(
+        config,
+        clients=dataclasses.replace(config.clients, num_gpus=clients_gpus),
+        server=dataclasses.replace(config.server, num_gpus=server_gpus),
+    )
+    return dataclasses.replace(ctx, config=granted)
+
+
 def check_resources_fit(config) -> None:
     """A client task (or the server actor) asking for more CPUs or GPUs than any node has
     would wait forever: refuse it in one line. (No GPU at all: they fall back to the CPU,
@@ -484,6 +506,7 @@ class RayBackend:
         ctx = client_state.attach(ctx, "ray")  # a store actor only if the algorithm uses one
         # Index shards beyond the first become actors (FedAwS's nearest-class index).
         ctx = dataclasses.replace(ctx, index_builder=build_index_with_actors)
+        ctx = _granted_gpus(ctx, ray.cluster_resources().get("GPU", 0.0))
         self.ctx = ctx
         self.dataset, self.split = dataset, split
         self.started_ray = False
@@ -506,14 +529,7 @@ class RayBackend:
             ray.put(dataset.test_y),
             single_class_of_clients(dataset.train_y, split.indices, split.offsets),
         )
-        # The server actor reserves server.num_gpus (none when the cluster has no GPU: then it
-        # runs on the CPU, with a notice, instead of waiting forever for a GPU).
-        self._server_gpus = task_num_gpus(
-            ctx.config.server.num_gpus,
-            ray.cluster_resources().get("GPU", 0.0),
-            key="server.num_gpus",
-            fallback="the server runs on the CPU",
-        )
+        self._server_gpus = ctx.config.server.num_gpus  # as granted (_granted_gpus)
         self.server = ServerActor.options(num_gpus=self._server_gpus).remote(*self._server_args)
         self.restarts = 0
         # Test hook: RAYSIM_TEST_KILL_SERVER_AT_ROUND=r kills the server actor once, while it
@@ -525,7 +541,6 @@ class RayBackend:
         if group is not None:  # e.g. a Tune trial: only its own placement group's CPUs
             cpus = sum(bundle.get("CPU", 0.0) for bundle in group.bundle_specs)
         self.parallel_slots = max(1, int(cpus // clients.num_cpus))
-        task_num_gpus(clients.num_gpus, ray.cluster_resources().get("GPU", 0.0))  # notice
         self.seconds_per_client: float | None = None  # measured, for automatic packing
         self.rounds_run = 0
 
