@@ -276,19 +276,17 @@ def trial_bundles(config: Config, spec: SweepSpec) -> list[dict[str, float]]:
     slot = {"CPU": clients.num_cpus}
     if clients.num_gpus:
         slot["GPU"] = clients.num_gpus
-    if config.runtime.backend == "local":  # clients run inside the trial's own process
-        return [{"CPU": max(spec.server_cpus, clients.num_cpus), **_gpu(slot)}]
-    head = {"CPU": spec.server_cpus}
+    server_gpus = config.server.num_gpus
+    if config.runtime.backend == "local":  # clients and server run in the trial's own process
+        gpus = max(clients.num_gpus, server_gpus)
+        return [{"CPU": max(spec.server_cpus, clients.num_cpus), **({"GPU": gpus} if gpus else {})}]
+    head = {"CPU": spec.server_cpus, **({"GPU": server_gpus} if server_gpus else {})}
     index = getattr(config, "index", None)
     if index is not None and index.shards > 1:  # FedAwS's index shard actors (one per shard)
         head["CPU"] += index.num_cpus * index.shards
         if index.num_gpus:
-            head["GPU"] = index.num_gpus * index.shards
+            head["GPU"] = head.get("GPU", 0.0) + index.num_gpus * index.shards
     return [head] + [dict(slot) for _ in range(spec.client_slots)]
-
-
-def _gpu(slot: dict[str, float]) -> dict[str, float]:
-    return {"GPU": slot["GPU"]} if "GPU" in slot else {}
 
 
 def flatten_record(record: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -488,7 +486,7 @@ def _check_fits(bundles: list[dict[str, float]], cluster: Mapping[str, float]) -
         needed = sum(bundle.get(resource, 0.0) for bundle in bundles)
         if needed > cluster.get(resource, 0.0) + 1e-9:
             raise ConfigError(
-                f"one trial needs {needed:g} {resource}s (server_cpus + client_slots x "
+                f"one trial needs {needed:g} {resource}s (server + client_slots x "
                 f"clients.num_{resource.lower()}s) but the cluster has "
                 f"{cluster.get(resource, 0.0):g}; lower tune.client_slots"
                 + (" or run where GPUs are" if resource == "GPU" else "")

@@ -37,6 +37,12 @@ def test_shipped_sweep_parses_and_reserves_one_client_slot():
     # empty head (driver + server actor: 0 CPUs) + one client slot of clients.num_cpus
     assert trial_bundles(config, spec) == [{"CPU": 0.0}, {"CPU": 1.0}]
     assert trial_bundles(config.replace(runtime__backend="local"), spec) == [{"CPU": 1.0}]
+    # GPUs: the server actor's in the head bundle, the clients' in each slot; in one process
+    # (local backend) the larger of the two
+    gpus = config.replace(server__num_gpus=0.5, clients__num_gpus=0.25)
+    assert trial_bundles(gpus, spec) == [{"CPU": 0.0, "GPU": 0.5}, {"CPU": 1.0, "GPU": 0.25}]
+    local = gpus.replace(runtime__backend="local")
+    assert trial_bundles(local, spec) == [{"CPU": 1.0, "GPU": 0.5}]
 
 
 def test_overrides_reach_the_tune_section_and_the_experiment():
