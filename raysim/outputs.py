@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from raysim import interrupts
 from raysim.config import Config
 from raysim.core.state import ServerState
 from raysim.errors import RaysimError
@@ -99,12 +100,14 @@ class RunOutputs:
         """Queue one round's record for metrics.jsonl and TensorBoard (written in order)."""
         if self._error is not None:
             raise self._error
-        self._queue.put(record)
+        with interrupts.deferred():  # a Ctrl-C here could leave the queue's lock held
+            self._queue.put(record)
 
     def flush(self) -> None:
         """Wait until every queued record is written (before a checkpoint, so that
         metrics.jsonl always covers at least the rounds of the newest checkpoint)."""
-        self._queue.join()
+        with interrupts.deferred():
+            self._queue.join()
         if self._error is not None:
             raise self._error
 
@@ -136,6 +139,10 @@ class RunOutputs:
         self._writer.add_image(tag, heatmap_image(matrix), step, dataformats="HWC")
 
     def save_checkpoint(self, state: ServerState, extra: dict[str, Any] | None = None) -> Path:
+        with interrupts.deferred():  # a checkpoint is written whole (or not at all)
+            return self._save_checkpoint(state, extra)
+
+    def _save_checkpoint(self, state: ServerState, extra: dict[str, Any] | None) -> Path:
         self.flush()
         path = self.checkpoint_dir / f"round_{state.round:06d}.npz"
         meta = json.dumps({"round": state.round, **(extra or {})})
@@ -162,11 +169,12 @@ class RunOutputs:
 
     def close(self) -> None:
         """Write every queued record, then close the files."""
-        self._queue.put(None)
-        self._thread.join()
-        self._metrics.close()
-        if self._writer is not None:
-            self._writer.close()
+        with interrupts.deferred():
+            self._queue.put(None)
+            self._thread.join()
+            self._metrics.close()
+            if self._writer is not None:
+                self._writer.close()
         if self._error is not None:
             raise self._error
 

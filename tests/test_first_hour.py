@@ -150,14 +150,19 @@ def test_ctrl_c_names_the_newest_checkpoint_and_the_resume_command(tmp_path):
          "--no-progress", "--set", "run.rounds=100000", "--set", "run.checkpoint_every=1",
          "--set", "run.eval_every=1000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, RAY_ADDRESS=""),
+        env=dict(os.environ, RAY_ADDRESS="", PYTHONFAULTHANDLER="1"),
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not list((out / "checkpoints").glob("round_*.npz")) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(0.5)
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
+    try:
+        _, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # show where it hangs (faulthandler's dump on SIGABRT)
+        process.send_signal(signal.SIGABRT)
+        _, stderr = process.communicate(timeout=60)
+        pytest.fail(f"the run did not stop within 120 s of Ctrl-C:\n{stderr[-6000:]}")
     assert process.returncode == 130, stderr[-2000:]
     line = [x for x in stderr.splitlines() if x.startswith("raysim: interrupted")][-1]
     newest = max(int(p.stem.removeprefix("round_")) for p in (out / "checkpoints").glob("*.npz"))

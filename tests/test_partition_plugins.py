@@ -104,7 +104,8 @@ def test_plugin_options_are_checked_when_the_config_is_read(blockpart, digits_co
         "unknown option 'partition.blok' for partitioner 'blocks' (did you mean 'block'?); "
         "valid options: block"
     )
-    with pytest.raises(ConfigError, match=r"^--set partition\.block=big: 'partition\.block' expects int, got 'big'$"):
+    expected = r"^--set partition\.block=big: 'partition\.block' expects int, got 'big'$"
+    with pytest.raises(ConfigError, match=expected):
         _config(digits_config_path, "partition.name=blocks", "partition.block=big")
     # an explicitly set option of the old partitioner is not dropped: it is refused
     with pytest.raises(ConfigError, match=r"unknown option 'partition\.alpha'.*valid options"):
