@@ -65,7 +65,10 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
         job_output = cluster_script.submit_job(
             cluster,
             plugins,
-            ["python", "-m", "raysim.cli", "run", "everything.yaml", "--out", str(root / "job"),
+            # this interpreter (a cluster node would run plain `python`): the job's driver
+            # must match the cluster's Python
+            [sys.executable, "-m", "raysim.cli", "run", "everything.yaml",
+             "--out", str(root / "job"),
              "--set", f"run.rounds={ROUNDS}", "--set", "clients.per_task=5"],
         )  # fmt: skip
         job_summary = json.loads((root / "job" / "summary.json").read_text())
