@@ -128,7 +128,7 @@ def load_run(out_dir: str | Path) -> RunRecord:
     """Read a run folder written by `run` (finished or stopped): config.yaml, metrics.jsonl,
     summary.json (if finished) and the newest readable checkpoint."""
     from raysim import config as config_module
-    from raysim.outputs import load_checkpoint
+    from raysim.outputs import checkpoint_paths, load_checkpoint
 
     out_dir = Path(out_dir)
     if not (out_dir / "config.yaml").is_file():
@@ -147,7 +147,7 @@ def load_run(out_dir: str | Path) -> RunRecord:
     if (out_dir / "summary.json").exists():
         summary = json.loads((out_dir / "summary.json").read_text())
     problems = []
-    for path in sorted((out_dir / "checkpoints").glob("round_*.npz"), reverse=True):
+    for path in reversed(checkpoint_paths(out_dir / "checkpoints")):
         try:
             state, meta = load_checkpoint(path)
         except RaysimError as error:

@@ -92,10 +92,12 @@ def _resume_hint(run_dir: str | None) -> str:
 
     if not run_dir:
         return ""
-    checkpoints = sorted(Path(run_dir, "checkpoints").glob("round_*.npz"))
+    from raysim.outputs import checkpoint_paths
+
+    checkpoints = checkpoint_paths(Path(run_dir, "checkpoints"))
     if not checkpoints:
         return f"; no checkpoint was written in {run_dir} yet (a new run starts from round 0)"
-    newest = int(checkpoints[-1].stem.removeprefix("round_"))
+    newest = int(checkpoints[-1].stem.removeprefix("round_"))  # numeric order: the newest
     return (
         f"; newest checkpoint: round {newest} in {Path(run_dir, 'checkpoints')}; "
         f"continue with: raysim run --resume {run_dir}"

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import queue
+import re
 import threading
 import zipfile
 from pathlib import Path
@@ -66,7 +67,7 @@ class RunOutputs:
         if history is None:
             # A new run in a folder that holds an older one replaces it (its checkpoints must
             # not be mistaken for this run's when resuming).
-            old = sorted(self.checkpoint_dir.glob("round_*.npz"))
+            old = checkpoint_paths(self.checkpoint_dir)
             if old:
                 print(f"raysim: replacing the previous run in {self.out_dir}", flush=True)
             for path in old:
@@ -153,7 +154,7 @@ class RunOutputs:
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
         _atomic_write_bytes(path, buffer.getvalue())
-        checkpoints = sorted(self.checkpoint_dir.glob("round_*.npz"))
+        checkpoints = checkpoint_paths(self.checkpoint_dir)
         for old in checkpoints[: -self.keep_checkpoints]:
             old.unlink()
         return path
@@ -177,6 +178,20 @@ class RunOutputs:
                 self._writer.close()
         if self._error is not None:
             raise self._error
+
+
+_CHECKPOINT_NAME = re.compile(r"round_(\d+)\.npz")
+
+
+def checkpoint_paths(checkpoint_dir: str | Path) -> list[Path]:
+    """A run's checkpoint files (round_<N>.npz), oldest first by their round number: names
+    are zero-padded to 6 digits, so a string sort would put round 1,000,000 before 999,999."""
+    found = []
+    for path in Path(checkpoint_dir).glob("round_*.npz"):
+        match = _CHECKPOINT_NAME.fullmatch(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
 
 
 def check_out_dir(out_dir: str | Path) -> Path:

@@ -37,7 +37,13 @@ from raysim.core.state import RoundInfo, ServerState
 from raysim.data.datasets import Dataset, load_dataset  # noqa: F401 - re-exported
 from raysim.data.partition import ClientSplit, split_for_run
 from raysim.errors import RaysimError
-from raysim.outputs import RunOutputs, check_out_dir, load_checkpoint, peak_rss_bytes
+from raysim.outputs import (
+    RunOutputs,
+    check_out_dir,
+    checkpoint_paths,
+    load_checkpoint,
+    peak_rss_bytes,
+)
 
 # Restarts of a lost server in a row (while recovering one round) before the run gives up.
 MAX_SERVER_RESTARTS = 3
@@ -55,7 +61,7 @@ def find_resume_point(out_dir: str | Path) -> tuple[ServerState, list[dict[str, 
     A checkpoint that cannot be read (e.g. truncated) is reported and the previous one used.
     """
     out_dir = Path(out_dir)
-    checkpoints = sorted((out_dir / "checkpoints").glob("round_*.npz"), reverse=True)
+    checkpoints = list(reversed(checkpoint_paths(out_dir / "checkpoints")))
     for path in checkpoints:
         try:
             state, _ = load_checkpoint(path)
@@ -252,7 +258,7 @@ def _run(
     def newest_checkpoint(before: int) -> ServerState | None:
         """The newest readable checkpoint of this run up to round `before` (else the state
         this run was resumed from; None: the initial state)."""
-        for path in sorted(outputs.checkpoint_dir.glob("round_*.npz"), reverse=True):
+        for path in reversed(checkpoint_paths(outputs.checkpoint_dir)):
             try:
                 state, _ = load_checkpoint(path)
             except RaysimError as error:
