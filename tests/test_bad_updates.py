@@ -326,8 +326,10 @@ def test_a_run_logs_the_rejection_and_matches_the_run_without_that_client(
         digits_config, tmp_path, monkeypatch, algorithm_class, corrupt, drop=False
     )
     stderr = capsys.readouterr().err
-    assert f"raysim: round 0: rejected the update of client {bad_client}: " in stderr
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    # the line numbers the round as its record does (from 1)
+    assert record["round"] == 1
+    assert f"raysim: round 1: rejected the update of client {bad_client}: " in stderr
     assert record["clients_rejected"] == 1 and record["clients_done"] == 3
     assert f"client {bad_client}" in record["rejected"][0]
     assert result.summary["clients_rejected"] == 1

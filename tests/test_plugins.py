@@ -130,7 +130,7 @@ def test_a_malformed_int8_message_is_refused_by_the_codecs_check(plugin_dir, mon
         decoded, problem = decode_checked(codec, layout, ClientUpdate(7, 5, message))
         assert decoded is None and problem, what
         line = describe_rejection(7, 3, problem)
-        assert line.startswith("round 3: rejected the update of client 7: ") and "\n" not in line
+        assert line.startswith("round 4: rejected the update of client 7: ") and "\n" not in line
 
 
 @pytest.mark.ray

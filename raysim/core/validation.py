@@ -128,5 +128,6 @@ def decode_checked(
 
 
 def describe_rejection(client_id: int, round_index: int, reason: str) -> str:
-    """The log line of a rejected update (stderr and the round's record)."""
-    return f"round {round_index}: rejected the update of client {client_id}: {reason}"
+    """The log line of a rejected update (stderr and the round's record). `round_index` counts
+    from 0; the line counts rounds from 1, as the round records and progress lines do."""
+    return f"round {round_index + 1}: rejected the update of client {client_id}: {reason}"
