@@ -341,3 +341,43 @@ def test_a_run_logs_the_rejection_and_matches_the_run_without_that_client(
     assert reference.summary["clients_rejected"] == 0
     for key, value in reference.state.arrays.items():
         assert np.array_equal(result.state.arrays[key], value), key
+
+
+# --- who sends, and what it says beside its update -----------------------------------------------
+
+
+def _extra_update_round(digits_config, extra):
+    """The round with `extra(updates)` added to the honest updates, and the reference round."""
+    backend, info, updates = _round_updates(digits_config)
+    server = backend.server
+    initial = server.get_state().copy()
+    stats, state = _one_round(server, info, [*updates, *extra(updates)], initial)
+    reference_stats, reference = _one_round(server, info, updates, initial)
+    assert stats.clients_done == reference_stats.clients_done == len(updates)
+    assert np.array_equal(state.arrays["params"], reference.arrays["params"])
+    return stats
+
+
+def test_duplicate_updates_of_one_client_fold_once(digits_config):
+    stats = _extra_update_round(digits_config, lambda updates: [updates[0]])
+    assert stats.clients_rejected == 1
+    assert "a second update from this client in this round" in stats.rejected[0]
+
+
+def test_updates_for_unsampled_client_ids_are_rejected(digits_config):
+    def stranger(updates):
+        return [dataclasses.replace(updates[0], client_id=10_000)]
+
+    stats = _extra_update_round(digits_config, stranger)
+    assert stats.clients_rejected == 1
+    assert "client 10000: this client was not sampled in this round" in stats.rejected[0]
+
+
+def test_a_non_numeric_loss_metric_is_rejected_not_a_crash(digits_config):
+    backend, info, updates = _round_updates(digits_config)
+    server = backend.server
+    initial = server.get_state().copy()
+    bad = dataclasses.replace(updates[1], metrics={"loss": "low"})
+    stats, _ = _one_round(server, info, [updates[0], bad, *updates[2:]], initial)
+    assert stats.clients_rejected == 1 and stats.clients_done == len(updates) - 1
+    assert "metric 'loss' is a str, expected a number" in stats.rejected[0]

@@ -144,6 +144,8 @@ class Server:
         self._malicious: list[Contribution] = []
         self._attacker_knowledge: list[np.ndarray] = []
         self._pool = set(info.attacker_pool.tolist())
+        self._sampled = {int(c) for c in info.client_ids}  # who may send an update this round
+        self._heard_from: set[int] = set()
         self._loss_sum = 0.0
         self._loss_weight = 0.0
         self._norm_sum = 0.0
@@ -164,8 +166,12 @@ class Server:
                 self._attacker_knowledge.append(self.codec.decode(update.message, self.layout))
                 self._maybe_fold_crafted()
                 continue
-            # Checked before anything of it is counted or folded (raysim.core.validation).
-            vector, problem = decode_checked(self.codec, self.layout, update)
+            # Checked before anything of it is counted or folded (raysim.core.validation):
+            # one update per sampled client, then its contents.
+            problem = self._sender_problem(update.client_id)
+            vector = None
+            if problem is None:
+                vector, problem = decode_checked(self.codec, self.layout, update)
             if problem is not None:
                 stats.clients_rejected += 1
                 stats.rejected.append(
@@ -216,6 +222,17 @@ class Server:
         if self.attack is not None and client_id < self._info.malicious_below:
             self._malicious_rejected += 1  # like a rejected one: its crafted copy is not sent
             self._maybe_fold_crafted()
+
+    def _sender_problem(self, client_id) -> str | None:
+        """An update must come from a client sampled this round, and only once."""
+        if isinstance(client_id, bool) or not isinstance(client_id, int | np.integer):
+            return f"client id {client_id!r} is not an integer"
+        if int(client_id) not in self._sampled:
+            return "this client was not sampled in this round"
+        if int(client_id) in self._heard_from:
+            return "a second update from this client in this round"
+        self._heard_from.add(int(client_id))
+        return None
 
     def _add_reduced(self, update: ReducedUpdate) -> None:
         stats = self._stats

@@ -80,6 +80,17 @@ def stats_problem(stats: Any) -> str | None:
     return None
 
 
+def metrics_problem(metrics: Any) -> str | None:
+    """Client metrics (e.g. the training loss) must be a mapping of names to real numbers
+    (NaN allowed: a client without data has no loss)."""
+    if not isinstance(metrics, dict):
+        return f"metrics is a {type(metrics).__name__}, expected a mapping of names to numbers"
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+            return f"metric {name!r} is a {type(value).__name__}, expected a number"
+    return None
+
+
 def check_decoded(codec: Codec, layout: VectorLayout, vector: Any) -> str | None:
     """Checks of the decoded vector the aggregator would see (None: fine)."""
     problem = array_problem("decoded update", vector, "fiub", layout.size)
@@ -108,7 +119,7 @@ def check_update(codec: Codec, layout: VectorLayout, update: ClientUpdate) -> st
     if isinstance(samples, bool) or not isinstance(samples, int | np.integer) or samples < 0:
         return f"num_samples is {samples!r}, expected an integer >= 0"
     check = getattr(codec, "check", None)
-    problem = stats_problem(update.stats)
+    problem = stats_problem(update.stats) or metrics_problem(update.metrics)
     return problem or (check(update.message, layout) if check is not None else None)
 
 
