@@ -381,3 +381,30 @@ def test_a_non_numeric_loss_metric_is_rejected_not_a_crash(digits_config):
     stats, _ = _one_round(server, info, [updates[0], bad, *updates[2:]], initial)
     assert stats.clients_rejected == 1 and stats.clients_done == len(updates) - 1
     assert "metric 'loss' is a str, expected a number" in stats.rejected[0]
+
+
+def test_a_round_where_all_clients_claim_0_samples_keeps_the_model(digits_config):
+    backend, info, updates = _round_updates(digits_config)
+    server = backend.server
+    initial = server.get_state().copy()
+    weightless = [dataclasses.replace(u, num_samples=0) for u in updates]
+    stats, state = _one_round(server, info, weightless, initial)
+    assert stats.clients_done == len(updates) and stats.clients_rejected == 0
+    assert state.round == initial.round + 1
+    assert np.array_equal(state.arrays["params"], initial.arrays["params"])
+
+
+def test_num_samples_beyond_the_clients_data_is_rejected(digits_config):
+    # 1e30 samples would let one client set the model on its own
+    backend, info, updates = _round_updates(digits_config)
+    server = backend.server
+    initial = server.get_state().copy()
+    liar = dataclasses.replace(updates[0], num_samples=10**30)
+    stats, state = _one_round(server, info, [liar, *updates[1:]], initial)
+    reference_stats, reference = _one_round(server, info, updates[1:], initial)
+    assert stats.clients_rejected == 1
+    assert (
+        "num_samples is 1000000000000000000000000000000, but this client holds"
+        in (stats.rejected[0])
+    )
+    assert np.array_equal(state.arrays["params"], reference.arrays["params"])

@@ -17,7 +17,7 @@ from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
 from raysim.core.sampling import client_generator
 from raysim.core.state import ClientUpdate, ReducedUpdate
-from raysim.core.validation import metrics_problem, wire_format
+from raysim.core.validation import metrics_problem, samples_problem, wire_format
 
 
 def train_clients(
@@ -82,7 +82,11 @@ def train_clients(
                 continue
             # The reducer checks each update before folding it in (the server never sees
             # them one by one); a refused update is left out, as if the client dropped out.
-            problem = metrics_problem(update.metrics) or reducer.add(update)
+            problem = (
+                samples_problem(update.num_samples, len(rows))
+                or metrics_problem(update.metrics)
+                or reducer.add(update)
+            )
             if problem is not None:
                 reduced.rejected.append((int(update.client_id), problem))
                 continue

@@ -25,7 +25,13 @@ from raysim.core.state import (
     RoundStats,
     ServerState,
 )
-from raysim.core.validation import decode_checked, describe_rejection, wire_format, wire_nbytes
+from raysim.core.validation import (
+    decode_checked,
+    describe_rejection,
+    samples_problem,
+    wire_format,
+    wire_nbytes,
+)
 from raysim.errors import ConfigError
 
 
@@ -73,10 +79,13 @@ class Server:
         test_x: np.ndarray,
         test_y: np.ndarray,
         client_classes: np.ndarray | None = None,
+        client_sizes: np.ndarray | None = None,
     ) -> None:
         """`client_classes[c]`: the one class client c holds (-1 if several or none); needed
-        only by algorithms with per-client payloads (FedAwS)."""
+        only by algorithms with per-client payloads (FedAwS). `client_sizes[c]`: client c's
+        training samples; an update claiming more is refused (its weight would be a lie)."""
         self.ctx = ctx
+        self.client_sizes = client_sizes
         self.algorithm = build_algorithm(ctx)
         self.reduces_in_task = hasattr(self.algorithm, "task_reducer")
         if self.reduces_in_task:
@@ -168,7 +177,7 @@ class Server:
                 continue
             # Checked before anything of it is counted or folded (raysim.core.validation):
             # one update per sampled client, then its contents.
-            problem = self._sender_problem(update.client_id)
+            problem = self._sender_problem(update.client_id) or self._samples_problem(update)
             vector = None
             if problem is None:
                 vector, problem = decode_checked(self.codec, self.layout, update)
@@ -234,6 +243,12 @@ class Server:
         self._heard_from.add(int(client_id))
         return None
 
+    def _samples_problem(self, update: ClientUpdate) -> str | None:
+        """A client cannot have trained on more samples than it holds."""
+        if self.client_sizes is None:
+            return None
+        return samples_problem(update.num_samples, int(self.client_sizes[int(update.client_id)]))
+
     def _add_reduced(self, update: ReducedUpdate) -> None:
         stats = self._stats
         for client_id, problem in update.rejected:  # refused in the task, before reducing
@@ -288,9 +303,16 @@ class Server:
         nothing_arrived = (
             self._reduced is None if self.reduces_in_task else not self._folded
         ) and (stats.clients_rejected or stats.clients_dropped)
-        if nothing_arrived:
-            # Every update of the round was rejected or dropped: the model stays, the round
-            # still ends.
+        # every update that arrived says it trained on 0 samples: a weighted mean of nothing
+        no_weight = (
+            self._accumulator is not None
+            and self._accumulator.normalize
+            and self._folded > 0
+            and self._accumulator.weight_sum <= 0
+        )
+        if nothing_arrived or no_weight:
+            # Every update of the round was rejected or dropped (or weighs nothing): the model
+            # stays, the round still ends.
             self.state = ServerState(self.state.round + 1, dict(self.state.arrays))
             aggregate = None
         elif self.reduces_in_task:

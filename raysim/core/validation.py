@@ -80,6 +80,15 @@ def stats_problem(stats: Any) -> str | None:
     return None
 
 
+def samples_problem(samples: Any, held: int) -> str | None:
+    """num_samples must be an integer between 0 and the samples the client holds."""
+    if isinstance(samples, bool) or not isinstance(samples, int | np.integer) or samples < 0:
+        return f"num_samples is {samples!r}, expected an integer >= 0"
+    if samples > held:
+        return f"num_samples is {samples}, but this client holds {held} training samples"
+    return None
+
+
 def metrics_problem(metrics: Any) -> str | None:
     """Client metrics (e.g. the training loss) must be a mapping of names to real numbers
     (NaN allowed: a client without data has no loss)."""

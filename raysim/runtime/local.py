@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import single_class_of_clients, train_clients
 from raysim.core.faults import FaultPlan, InjectedClientFailure
@@ -43,6 +45,7 @@ class LocalBackend:
             dataset.test_x,
             dataset.test_y,
             single_class_of_clients(dataset.train_y, split.indices, split.offsets),
+            client_sizes=np.diff(split.offsets),
         )
         self.algorithm = build_algorithm(ctx)
 
@@ -116,7 +119,11 @@ class LocalBackend:
         """A fresh server at `state` (None: the initial state). The local server lives in this
         process, so it is never lost; this is for the protocol's sake."""
         self.server = Server(
-            self.ctx, self.dataset.test_x, self.dataset.test_y, self.server.client_classes
+            self.ctx,
+            self.dataset.test_x,
+            self.dataset.test_y,
+            self.server.client_classes,
+            client_sizes=self.server.client_sizes,
         )
         if state is not None:
             self.set_state(state)

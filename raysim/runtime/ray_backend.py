@@ -301,8 +301,9 @@ class ServerActor:
         test_x: np.ndarray,
         test_y: np.ndarray,
         client_classes: np.ndarray,
+        client_sizes: np.ndarray,
     ) -> None:
-        self.server = Server(ctx, test_x, test_y, client_classes)
+        self.server = Server(ctx, test_x, test_y, client_classes, client_sizes=client_sizes)
         self.run_ref = run_ref
         clients = ctx.config.clients
         cluster_gpus = ray.cluster_resources().get("GPU", 0.0)
@@ -528,6 +529,7 @@ class RayBackend:
             ray.put(dataset.test_x),
             ray.put(dataset.test_y),
             single_class_of_clients(dataset.train_y, split.indices, split.offsets),
+            np.diff(split.offsets),
         )
         self._server_gpus = ctx.config.server.num_gpus  # as granted (_granted_gpus)
         self.server = ServerActor.options(num_gpus=self._server_gpus).remote(*self._server_args)
