@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from raysim.core.loop import find_resume_point
@@ -25,3 +27,44 @@ def test_checkpoint_pruning_and_resume_sort_rounds_numerically(digits_config, tm
     assert kept == ["round_1000000.npz", "round_1000001.npz"]
     state, _ = find_resume_point(tmp_path)
     assert state.round == 1_000_001 and state.arrays["params"][0] == 1_000_001
+
+
+# --- hostile idx files (MNIST): header checked before the data is read --------------------------
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def test_mnist_idx_is_checked_before_it_is_read_whole(tmp_path):
+    import gzip
+    import struct
+
+    import pytest
+
+    from raysim.data.datasets import _read_idx
+    from raysim.errors import DataError
+
+    # a 1 MB .gz of zeros whose header promises far more than deflate could hold
+    lying = tmp_path / "lying-idx3-ubyte.gz"
+    header = bytes([0, 0, 0x08, 3]) + struct.pack(">III", 60_000, 1000, 1000)
+    with gzip.open(lying, "wb") as handle:
+        handle.write(header + bytes(1 << 20))
+    before = _peak_rss_bytes()
+    with pytest.raises(DataError, match=r"idx header says shape \(60000, 1000, 1000\)"):
+        _read_idx(str(lying), 3)
+    assert _peak_rss_bytes() - before < 200 << 20  # it never decompressed the lot
+    # a 40 GB sparse file claiming its size: refused by the header check, not a MemoryError
+    sparse = tmp_path / "sparse-idx3-ubyte"
+    with open(sparse, "wb") as handle:
+        handle.write(bytes([0, 0, 0x08, 3]) + struct.pack(">III", 4, 4, 4))
+        handle.truncate(40 << 30)
+    with pytest.raises(DataError, match=r"idx header says shape \(4, 4, 4\)"):
+        _read_idx(str(sparse), 3)
+    # a FIFO (it would block a reader forever)
+    fifo = tmp_path / "fifo-idx3-ubyte"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="is not a regular file"):
+        _read_idx(str(fifo), 3)

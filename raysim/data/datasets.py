@@ -19,6 +19,7 @@ import math
 import operator
 import os
 import pickle
+import stat
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -222,35 +223,56 @@ def _find_file(directory: str, filename: str, name: str, root: str) -> str:
     )
 
 
+# deflate cannot expand data more than ~1032x; a .gz whose header promises more is a lie
+_GZIP_MAX_RATIO = 1100
+
+
 def _read_idx(path: str, expected_dims: int) -> np.ndarray:
-    """Read an idx file (the MNIST format: big-endian header, then unsigned bytes)."""
+    """Read an idx file (the MNIST format: big-endian header, then unsigned bytes).
+
+    The header is checked before the data is read, and the data size it promises against the
+    file (or, for .gz, what its compressed size can hold), so a hostile or broken file costs
+    at most the memory its true contents need."""
     try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as handle:
-                raw = handle.read()
-        else:
-            with open(path, "rb") as handle:
-                raw = handle.read()
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise DataError(f"{path} is not a regular file")
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as handle:
+            head = handle.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0:
+                raise DataError(
+                    f"{path} is not an idx file (bad magic number; truncated or corrupted?)"
+                )
+            if head[2] != 0x08:
+                raise DataError(
+                    f"{path}: idx data type 0x{head[2]:02x} is not unsigned byte (0x08)"
+                )
+            dims = head[3]
+            if dims != expected_dims:
+                raise DataError(f"{path}: idx file has {dims} dimensions, expected {expected_dims}")
+            sizes = handle.read(4 * dims)
+            if len(sizes) < 4 * dims:
+                raise DataError(f"{path}: truncated idx header")
+            shape = tuple(int.from_bytes(sizes[4 * i : 4 * i + 4], "big") for i in range(dims))
+            payload = math.prod(shape)  # exact: np.prod would wrap around for huge shapes
+            header = 4 + 4 * dims
+            limit = info.st_size * _GZIP_MAX_RATIO if path.endswith(".gz") else info.st_size
+            if header + payload > limit:
+                raise DataError(
+                    f"{path}: idx header says shape {shape} ({header + payload} bytes in all) "
+                    f"but the file has {info.st_size} bytes (truncated or corrupted?)"
+                )
+            raw = handle.read(payload + 1)  # one more: a longer file is caught too
     except (OSError, EOFError, zlib.error) as error:  # zlib.error: a corrupted .gz stream
         raise DataError(f"cannot read {path}: {error} (truncated or corrupted?)") from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise DataError(f"{path} is not an idx file (bad magic number; truncated or corrupted?)")
-    if raw[2] != 0x08:
-        raise DataError(f"{path}: idx data type 0x{raw[2]:02x} is not unsigned byte (0x08)")
-    dims = raw[3]
-    if dims != expected_dims:
-        raise DataError(f"{path}: idx file has {dims} dimensions, expected {expected_dims}")
-    header = 4 + 4 * dims
-    if len(raw) < header:
-        raise DataError(f"{path}: truncated idx header")
-    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims))
-    expected = header + math.prod(shape)  # exact: np.prod would wrap around for huge shapes
-    if len(raw) != expected:
+    if len(raw) != payload:
+        size = header + len(raw) if len(raw) <= payload else "more than that"
         raise DataError(
-            f"{path}: idx header says shape {shape} ({expected} bytes in all) but the "
-            f"file has {len(raw)} bytes (truncated or corrupted?)"
+            f"{path}: idx header says shape {shape} ({header + payload} bytes in all) but the "
+            f"file has {size} bytes (truncated or corrupted?)"
         )
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+    return np.frombuffer(raw, dtype=np.uint8).reshape(shape)
 
 
 def _load_mnist_split(directory: str, split: str, root: str) -> tuple[np.ndarray, np.ndarray]:
