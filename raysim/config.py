@@ -226,6 +226,39 @@ _YamlLoader.add_implicit_resolver(
 )
 
 
+# A real config holds hundreds of values; YAML aliases that repeat aliases can make one of a
+# few hundred bytes stand for billions (and expand in whatever walks it: checks, messages).
+MAX_CONFIG_VALUES = 100_000
+
+
+def _too_large(value: Any) -> bool:
+    """Whether `value`, with every alias expanded, holds more than MAX_CONFIG_VALUES values
+    (stops counting there: never walks a bomb, nor loops on a self-referencing alias)."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _yaml_value(text: str, where: str) -> Any:
+    """yaml.load with the size check above (`where` names the file or override)."""
+    value = yaml.load(text, Loader=_YamlLoader)
+    if _too_large(value):
+        raise ConfigError(
+            f"{where}: the YAML expands to more than {MAX_CONFIG_VALUES:,} values "
+            "(aliases that repeat aliases?); a config needs far fewer"
+        )
+    return value
+
+
 # Sections whose extra keys are options of the chosen plug-in: section -> (registry, default name)
 _PLUGIN_SECTIONS: dict[str, tuple[registry.Registry, str]] = {
     "data": (registry.datasets, "digits"),
@@ -249,7 +282,7 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot read the config file: {error}") from None
     try:
-        raw = yaml.load(text, Loader=_YamlLoader) or {}
+        raw = _yaml_value(text, str(path)) or {}
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -379,7 +412,7 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
     parts = key.strip().split(".")
     if sep and len(parts) == 1 and parts[0]:
         try:
-            value = yaml.load(text, Loader=_YamlLoader) if text.strip() else None
+            value = _yaml_value(text, f"--set {override}") if text.strip() else None
         except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError):
             value = None
         if not isinstance(value, dict):
@@ -393,7 +426,7 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override '{override}' must look like section.key=value")
     section, name = parts
     try:
-        value = yaml.load(text, Loader=_YamlLoader) if text.strip() else None
+        value = _yaml_value(text, f"--set {override}") if text.strip() else None
     except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError):
         value = text  # not a YAML scalar: the type check of the key reports it
     if raw.get(section) is None:  # absent, or an empty `section:` in the file
