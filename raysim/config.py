@@ -107,6 +107,10 @@ class ServerConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     eps: float = 1e-3
+    # An update whose norm is more than this many times the model's (at least 1) is refused:
+    # for algorithms whose updates are deltas of the model (`update_delta_of`). Honest deltas
+    # are far smaller; a finite 3e38 or 1e20 would wreck the model or Adam's moments. 0: off.
+    max_update_ratio: float = 1000.0
     # GPUs of the server (on Ray, reserved for the server actor): evaluation and the
     # algorithm's server-side tensor work (FedAwS: exact index search, spreadout) run there.
     # 0: the CPU. Without a GPU in the cluster the server runs on the CPU, with a notice.
@@ -607,6 +611,8 @@ def _validate(config: Config, source: str) -> None:
     require(finite(clients.num_cpus), "clients.num_cpus", "finite", clients.num_cpus)
     require(clients.num_gpus >= 0, "clients.num_gpus", ">= 0", clients.num_gpus)
     require(finite(clients.num_gpus), "clients.num_gpus", "finite", clients.num_gpus)
+    ratio = config.server.max_update_ratio
+    require(ratio >= 0 and finite(ratio), "server.max_update_ratio", ">= 0", ratio)
     server_gpus = config.server.num_gpus
     require(server_gpus >= 0 and finite(server_gpus), "server.num_gpus", ">= 0", server_gpus)
     require(clients.max_retries >= 0, "clients.max_retries", ">= 0", clients.max_retries)

@@ -18,7 +18,7 @@ import pytest
 from raysim.core import validation
 from raysim.core.codecs import Dense, Ranks, Signs, TopK, VectorLayout, not_a_permutation
 from raysim.core.rankcodec import pack
-from raysim.core.state import ClientUpdate, RoundInfo
+from raysim.core.state import ClientUpdate, RoundInfo, ServerState
 
 
 def check_message(codec_and_layout, message):
@@ -408,3 +408,88 @@ def test_num_samples_beyond_the_clients_data_is_rejected(digits_config):
         in (stats.rejected[0])
     )
     assert np.array_equal(state.arrays["params"], reference.arrays["params"])
+
+
+# --- a finite update that would wreck the model --------------------------------------------------
+
+WRECK_ROUNDS = ("partition.num_clients=10", "clients.per_round=4", "run.rounds=8")
+
+
+def _run_with_a_poisoning_client(digits_config, tmp_path, monkeypatch, overrides, value, drop):
+    """Client 0 sends a delta with one coordinate set to `value` whenever it is sampled;
+    with `drop` its updates never reach the server (the reference)."""
+    from raysim.algorithms.fedavg import FedAvg
+    from raysim.core.loop import run
+    from raysim.core.server import Server
+
+    original = FedAvg.client_update
+
+    def client_update(self, payload, x, y, client_id, generator, ctx):
+        update = original(self, payload, x, y, client_id, generator, ctx)
+        if client_id == 0:
+            message = update.message.copy()
+            message[0] = value
+            update = dataclasses.replace(update, message=message)
+        return update
+
+    monkeypatch.setattr(FedAvg, "client_update", client_update)
+    if drop:
+        add = Server.add
+        monkeypatch.setattr(
+            Server, "add", lambda self, ups: add(self, [u for u in ups if u.client_id != 0])
+        )
+    result = run(
+        digits_config(*WRECK_ROUNDS, *overrides),
+        tmp_path / ("reference" if drop else "poisoned"),
+        progress=False,
+        tensorboard=False,
+    )
+    monkeypatch.undo()
+    return result
+
+
+@pytest.mark.parametrize(
+    ("overrides", "value"),
+    [((), 3e38), (("server.optimizer=adam", "server.lr=0.01"), 1e20)],
+    ids=["fedavg-3e38", "fedadam-1e20"],
+)
+def test_one_finite_but_huge_update_does_not_destroy_the_model(
+    digits_config, tmp_path, monkeypatch, capsys, overrides, value
+):
+    poisoned = _run_with_a_poisoning_client(
+        digits_config, tmp_path, monkeypatch, overrides, value, drop=False
+    )
+    reference = _run_with_a_poisoning_client(
+        digits_config, tmp_path, monkeypatch, overrides, value, drop=True
+    )
+    assert poisoned.summary["clients_rejected"] >= 1
+    assert "is more than server.max_update_ratio=1000 times" in capsys.readouterr().err
+    # the run kept training: the same model as without the poisoning client
+    assert np.isfinite(poisoned.state.arrays["params"]).all()
+    accuracy = poisoned.summary["final"]["accuracy"]
+    assert abs(accuracy - reference.summary["final"]["accuracy"]) <= 0.01
+    assert accuracy > 0.5  # 10 classes: chance is 0.1
+
+
+def test_a_server_update_that_turns_the_state_non_finite_is_refused(digits_config):
+    from raysim.algorithms.fedavg import FedAvg
+
+    backend, info, updates = _round_updates(digits_config, "server.max_update_ratio=0")
+    server = backend.server
+    initial = server.get_state().copy()
+    original = FedAvg.server_update
+
+    def broken_update(self, state, aggregate, ctx):  # e.g. an optimizer slot overflowing
+        result = original(self, state, aggregate, ctx)
+        params = result.arrays["params"].copy()
+        params[3] = np.inf
+        return ServerState(result.round, {**result.arrays, "params": params})
+
+    FedAvg.server_update = broken_update
+    try:
+        stats, state = _one_round(server, info, updates, initial)
+    finally:
+        FedAvg.server_update = original
+    assert state.round == initial.round + 1
+    assert np.array_equal(state.arrays["params"], initial.arrays["params"])
+    assert "the server update made params non-finite" in stats.rejected[-1]

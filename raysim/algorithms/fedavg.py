@@ -34,6 +34,7 @@ class DeltaAveraging:
 
     default_aggregator = "weighted_mean"
     default_codec = "dense"
+    update_delta_of = "params"  # updates are deltas of this array (their size is bounded)
 
     def __init__(self, proximal_mu: float, mixed_precision: bool = False) -> None:
         if proximal_mu < 0:

@@ -144,6 +144,8 @@ REQUIRED_METHODS = ("init_server", "server_payload", "client_update", "server_up
 #         folded on the server in task order, must be exact (integer) so packing cannot matter.
 #     def finish_reduced(self, accumulated, ctx) -> aggregate handed to server_update.
 #     Such algorithms own their aggregation: `aggregator.name` must stay `auto`.
+# Update size: `update_delta_of = "params"` names the state array the updates are deltas of;
+#     an update whose norm exceeds server.max_update_ratio x max(1, ||state[name]||) is refused.
 # Server state restored from a checkpoint: def state_restored(self, state, ctx) -> None.
 # Per-client state between rounds: `uses_client_state = True` (ctx.client_state).
 

@@ -155,6 +155,7 @@ class Server:
         self._pool = set(info.attacker_pool.tolist())
         self._sampled = {int(c) for c in info.client_ids}  # who may send an update this round
         self._heard_from: set[int] = set()
+        self._bound = self._update_bound()
         self._loss_sum = 0.0
         self._loss_weight = 0.0
         self._norm_sum = 0.0
@@ -178,9 +179,12 @@ class Server:
             # Checked before anything of it is counted or folded (raysim.core.validation):
             # one update per sampled client, then its contents.
             problem = self._sender_problem(update.client_id) or self._samples_problem(update)
-            vector = None
+            vector, norm = None, math.nan
             if problem is None:
                 vector, problem = decode_checked(self.codec, self.layout, update)
+            if problem is None and np.issubdtype(vector.dtype, np.floating):
+                norm = float(np.linalg.norm(vector))  # rank positions have no useful norm
+                problem = self._magnitude_problem(norm)
             if problem is not None:
                 stats.clients_rejected += 1
                 stats.rejected.append(
@@ -197,8 +201,8 @@ class Server:
             if not math.isnan(loss) and update.num_samples:
                 self._loss_sum += loss * update.num_samples
                 self._loss_weight += update.num_samples
-            if np.issubdtype(vector.dtype, np.floating):  # rank positions have no useful norm
-                self._norm_sum += float(np.linalg.norm(vector))
+            if not math.isnan(norm):
+                self._norm_sum += norm
             contribution = Contribution(
                 int(update.client_id), vector, int(update.num_samples), dict(update.stats)
             )
@@ -242,6 +246,29 @@ class Server:
             return "a second update from this client in this round"
         self._heard_from.add(int(client_id))
         return None
+
+    def _update_bound(self) -> float | None:
+        """The largest update norm accepted this round: server.max_update_ratio times the norm
+        of the state array the updates are deltas of (at least 1); None: no bound."""
+        name = getattr(self.algorithm, "update_delta_of", None)
+        ratio = self.ctx.config.server.max_update_ratio
+        if name is None or not ratio or name not in self.state.arrays:
+            return None
+        reference = np.asarray(self.state.arrays[name], dtype=np.float64)
+        return ratio * max(1.0, float(np.linalg.norm(reference)))
+
+    def _magnitude_problem(self, norm: float) -> str | None:
+        """A finite update can still wreck the model (a delta of 3e38, one coordinate of 1e20
+        that makes Adam's second moment infinite): updates far larger than the model are
+        refused."""
+        bound = self._bound
+        if bound is None or norm <= bound:
+            return None
+        ratio = self.ctx.config.server.max_update_ratio
+        return (
+            f"update norm {norm:.3g} is more than server.max_update_ratio={ratio:g} times the "
+            f"model's (bound {bound:.3g})"
+        )
 
     def _samples_problem(self, update: ClientUpdate) -> str | None:
         """A client cannot have trained on more samples than it holds."""
@@ -339,6 +366,13 @@ class Server:
                 )
             if self._observe is not None and self._contributions:
                 result = self._observe(state, result, self._contributions, self.ctx)
+            broken = _non_finite_arrays(result)
+            if broken:  # the model would be lost for every later round: keep it instead
+                stats.rejected.append(
+                    f"round {state.round + 1}: the server update made {', '.join(broken)} "
+                    "non-finite; the round's aggregate was refused and the model kept"
+                )
+                result = ServerState(state.round + 1, dict(state.arrays))
             self.state = result
         self._contributions = []
         # The phases the algorithm timed itself (index, spreadout) are reported apart.
@@ -368,3 +402,14 @@ class Server:
         restored = getattr(self.algorithm, "state_restored", None)
         if restored is not None:  # e.g. FedAwS rebuilds its nearest-class index from W
             restored(state, self.ctx)
+
+
+def _non_finite_arrays(state: ServerState) -> list[str]:
+    """Names of the state's float arrays holding NaN or Inf. A sum carries any of them (and
+    overflows only where the values are already absurd), at a fraction of an elementwise
+    check's cost on a large state (FedAwS's class matrix)."""
+    return [
+        name
+        for name, values in state.arrays.items()
+        if np.issubdtype(np.asarray(values).dtype, np.floating) and not np.isfinite(np.sum(values))
+    ]
