@@ -183,7 +183,8 @@ class Server:
             if problem is None:
                 vector, problem = decode_checked(self.codec, self.layout, update)
             if problem is None and np.issubdtype(vector.dtype, np.floating):
-                norm = float(np.linalg.norm(vector))  # rank positions have no useful norm
+                with np.errstate(over="ignore"):  # a huge update's norm is inf: refused below
+                    norm = float(np.linalg.norm(vector))  # rank positions have no useful norm
                 problem = self._magnitude_problem(norm)
             if problem is not None:
                 stats.clients_rejected += 1
