@@ -96,7 +96,10 @@ def _resume_hint(run_dir: str | None) -> str:
 
     checkpoints = checkpoint_paths(Path(run_dir, "checkpoints"))
     if not checkpoints:
-        return f"; no checkpoint was written in {run_dir} yet (a new run starts from round 0)"
+        return (
+            f"; no checkpoint was written in {run_dir} yet; continue with: raysim run --resume "
+            f"{run_dir} (from round 0)"
+        )
     newest = int(checkpoints[-1].stem.removeprefix("round_"))  # numeric order: the newest
     return (
         f"; newest checkpoint: round {newest} in {Path(run_dir, 'checkpoints')}; "

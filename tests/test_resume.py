@@ -95,7 +95,25 @@ def test_truncated_checkpoint_falls_back_to_the_previous_one(
 def test_resume_refuses_extra_arguments_and_empty_folders(digits_config_path, tmp_path):
     both = _cli(["run", digits_config_path, "--resume", tmp_path])
     assert both.returncode == 2 and "give no CONFIG" in both.stderr
-    (tmp_path / "config.yaml").write_text(digits_config_path.read_text())
-    empty = _cli(["run", "--resume", tmp_path])
+    empty = _cli(["run", "--resume", tmp_path])  # no run in it at all
     assert empty.returncode == 2
-    assert "no readable checkpoint" in empty.stderr and "Traceback" not in empty.stderr
+    assert "it holds no run (no config.yaml)" in empty.stderr and "Traceback" not in empty.stderr
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_round_0(
+    digits_config_path, digits_config, tmp_path
+):
+    # checkpoint_every: 0 writes only the last round's checkpoint: a kill before it used to
+    # lose the whole run ("no readable checkpoint"), though round 0 is a function of the seed
+    reference = _uninterrupted(digits_config, tmp_path)
+    out = tmp_path / "stopped"
+    overrides = [*OVERRIDES, "--set", "run.checkpoint_every=0"]
+    killed = _cli(["run", digits_config_path, "--out", out, "--no-progress", *overrides], 3)
+    assert killed.returncode == -signal.SIGKILL
+    assert not list((out / "checkpoints").glob("*.npz"))
+    resumed = _cli(["run", "--resume", out, "--no-progress"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "starting again from round 0" in resumed.stderr
+    state, _ = load_checkpoint(out / "checkpoints" / f"round_{ROUNDS:06d}.npz")
+    assert state.arrays["params"].tobytes() == reference.state.arrays["params"].tobytes()
+    assert _rounds_logged(out) == list(range(1, ROUNDS + 1))

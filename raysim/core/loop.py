@@ -55,10 +55,12 @@ def _test_kill_hook() -> int | None:
     return int(value) if value else None
 
 
-def find_resume_point(out_dir: str | Path) -> tuple[ServerState, list[dict[str, Any]]]:
+def find_resume_point(out_dir: str | Path) -> tuple[ServerState | None, list[dict[str, Any]]]:
     """The newest readable checkpoint and the metrics records of the rounds it covers.
 
     A checkpoint that cannot be read (e.g. truncated) is reported and the previous one used.
+    With none (a run stopped before its first checkpoint, or `checkpoint_every: 0`): (None,
+    []), the run starts again from round 0, whose state is a function of the seed.
     """
     out_dir = Path(out_dir)
     checkpoints = list(reversed(checkpoint_paths(out_dir / "checkpoints")))
@@ -79,9 +81,15 @@ def find_resume_point(out_dir: str | Path) -> tuple[ServerState, list[dict[str, 
                 if record.get("round", 0) <= state.round:
                     history.append(record)
         return state, history
-    raise RaysimError(
-        f"cannot resume {out_dir}: no readable checkpoint in {out_dir / 'checkpoints'}"
+    if not (out_dir / "config.yaml").is_file():
+        raise RaysimError(f"cannot resume {out_dir}: it holds no run (no config.yaml)")
+    print(
+        f"raysim: no readable checkpoint in {out_dir / 'checkpoints'}: starting again from "
+        "round 0 (its state comes from the seed)",
+        file=sys.stderr,
+        flush=True,
     )
+    return None, []
 
 
 @dataclass
@@ -138,6 +146,8 @@ def resume(
     """
     from raysim import config as config_module
 
+    if not (Path(out_dir) / "config.yaml").is_file():
+        raise RaysimError(f"cannot resume {out_dir}: it holds no run (no config.yaml)")
     config = config_module.load(Path(out_dir) / "config.yaml")
     return run(
         config,
