@@ -12,6 +12,7 @@ Only Python's default handler in the main thread is replaced; anything else stay
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
 from collections.abc import Iterator
@@ -55,3 +56,14 @@ def handled() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _STATE["pending"] = False
+
+
+def with_handler(function):
+    """Decorate `function` to run inside `handled()`."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with handled():
+            return function(*args, **kwargs)
+
+    return wrapper

@@ -159,6 +159,7 @@ def resume(
     )
 
 
+@interrupts.with_handler  # Ctrl-C never inside the outputs' bookkeeping
 def run(
     config: Config,
     out_dir: str | Path,
@@ -174,28 +175,6 @@ def run(
     `on_round(record)` is called with each round's metrics record once it is logged (e.g. a
     Tune trial reports it; raysim/tune.py).
     """
-    with interrupts.handled():  # Ctrl-C never inside the outputs' bookkeeping
-        return _run(
-            config,
-            out_dir,
-            address=address,
-            progress=progress,
-            tensorboard=tensorboard,
-            resume_from_checkpoint=resume_from_checkpoint,
-            on_round=on_round,
-        )
-
-
-def _run(
-    config: Config,
-    out_dir: str | Path,
-    *,
-    address: str | None = None,
-    progress: bool = True,
-    tensorboard: bool = True,
-    resume_from_checkpoint: bool = False,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
-) -> RunResult:
     check_out_dir(out_dir)  # before anything starts: a file in the way is one line
     restored, history = None, None
     if resume_from_checkpoint:
