@@ -42,6 +42,9 @@ import numpy as np
 from raysim import config as config_module
 from raysim.core.loop import run
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # example_cli, beside this file
+from example_cli import old_method_form  # noqa: E402
+
 # The embedded default: small synthetic XML data, two regimes of C/d.
 DEFAULT_DATA = {
     "num_labels": 512,
@@ -76,37 +79,6 @@ METHOD_KEYS = {
     "fedaws_ivf": "FedAwS IVF",
     "fedaws_hnsw": "FedAwS HNSW",
 }
-
-
-def old_method_form(argv: list[str]) -> list[str]:
-    """The comma form with display names (`--methods FedAwS,Baseline-2`), accepted for one
-    more release so that existing command lines keep working: values after --methods are split
-    on commas and display names become their keys, before argparse checks the choices."""
-    display = {name.lower(): key for key, name in METHOD_KEYS.items()}
-    result, in_methods, rewritten = [], False, False
-    for token in argv:
-        if token.startswith("--methods="):
-            result.append("--methods")
-            token, in_methods = token.split("=", 1)[1], True
-        elif token.startswith("-"):
-            result.append(token)
-            in_methods = token == "--methods"
-            continue
-        if not in_methods:
-            result.append(token)
-            continue
-        for value in (v.strip() for v in token.split(",")):
-            if value:
-                key = display.get(value.lower(), value)
-                rewritten |= key != value or "," in token
-                result.append(key)
-    if rewritten:
-        print(
-            "fedaws_amazon670k.py: --methods with commas or display names is the old form; "
-            f"use space-separated keys: --methods {' '.join(METHOD_KEYS)}",
-            file=sys.stderr,
-        )
-    return result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -177,7 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="runs/fedaws_amazon670k", help="output folder")
     argv = sys.argv[1:] if argv is None else list(argv)
-    return parser.parse_args(old_method_form(argv))
+    return parser.parse_args(old_method_form(argv, METHOD_KEYS, "fedaws_amazon670k.py"))
 
 
 def index_section(kind: str, shards: int) -> dict:

@@ -39,7 +39,7 @@ from raysim.errors import ConfigError
 from raysim.metrics_xml import mean_pairwise_cosine, precision_at_k
 from raysim.models.layout import ModelLayout, layout_of
 from raysim.models.vector import cached_model, get_vector, set_vector
-from raysim.runtime.devices import server_device, to_numpy
+from raysim.runtime.devices import client_device, server_device, to_numpy
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,20 @@ class ClassEmbeddingMethod:
         else:
             layout.load_dense(broadcast.theta)
         return model, layout
+
+    def _client_setup(self, ctx: RunContext, broadcast: Broadcast, x: torch.Tensor, y):
+        """A client's starting point, on the task's device (its GPU when clients.num_gpus
+        reserved one, else the CPU): (device, x, y, model, layout, touched bag rows, their
+        trainable table, x re-indexed into it, the parameters to train)."""
+        device = client_device(ctx)
+        x, y = x.to(device), y.to(device)
+        model, layout = self._worker_model(ctx, broadcast, device)
+        touched = table = local_x = None
+        params = [p for p in model.parameters() if layout.bag is None or p is not layout.bag.weight]
+        if layout.bag is not None:
+            touched, table, local_x = self._local_table(model, layout, x, broadcast.theta)
+            params.append(table)
+        return device, x, y, model, layout, touched, table, local_x, params
 
     def _local_table(self, model, layout: ModelLayout, x: torch.Tensor, theta: np.ndarray):
         """The rows of the bag table this client touches, as a small trainable table, and x

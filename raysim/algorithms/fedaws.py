@@ -39,7 +39,7 @@ from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.errors import ConfigError
 from raysim.models.vector import build_model
-from raysim.runtime.devices import client_device, server_device, to_numpy
+from raysim.runtime.devices import server_device, to_numpy
 
 SPREADOUT_MODES = ("topk", "full", "none")
 DISTANCES = ("cosine", "euclidean")
@@ -133,15 +133,9 @@ class FedAwS(ClassEmbeddingMethod):
     ) -> ClientUpdate:
         broadcast, own_row = payload
         clients = ctx.config.clients
-        # The task's GPU when clients.num_gpus reserved one, else the CPU (runtime.devices).
-        device = client_device(ctx)
-        x, y = x.to(device), y.to(device)
-        model, layout = self._worker_model(ctx, broadcast, device)
-        touched = table = local_x = None
-        params = [p for p in model.parameters() if layout.bag is None or p is not layout.bag.weight]
-        if layout.bag is not None:
-            touched, table, local_x = self._local_table(model, layout, x, broadcast.theta)
-            params.append(table)
+        device, x, y, model, layout, touched, table, local_x, params = self._client_setup(
+            ctx, broadcast, x, y
+        )
         row = torch.tensor(np.asarray(own_row, dtype=np.float32), device=device, requires_grad=True)
         groups = [{"params": params}]
         if self.train_class_embeddings:

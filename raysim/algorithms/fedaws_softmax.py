@@ -23,7 +23,7 @@ from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.errors import ConfigError
 from raysim.models.vector import build_model
-from raysim.runtime.devices import client_device, to_numpy
+from raysim.runtime.devices import to_numpy
 
 
 class FedAwSSoftmax(ClassEmbeddingMethod):
@@ -55,15 +55,9 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
         self, payload: Broadcast, x: torch.Tensor, y: torch.Tensor, client_id, generator, ctx
     ) -> ClientUpdate:
         clients = ctx.config.clients
-        # The task's GPU when clients.num_gpus reserved one, else the CPU (runtime.devices).
-        device = client_device(ctx)
-        x, y = x.to(device), y.to(device)
-        model, layout = self._worker_model(ctx, payload, device)
-        touched = table = local_x = None
-        params = [p for p in model.parameters() if layout.bag is None or p is not layout.bag.weight]
-        if layout.bag is not None:
-            touched, table, local_x = self._local_table(model, layout, x, payload.theta)
-            params.append(table)
+        device, x, y, model, layout, touched, table, local_x, params = self._client_setup(
+            ctx, payload, x, y
+        )
         start_classes = np.asarray(payload.classes, dtype=np.float32)
         classes = torch.tensor(start_classes, device=device, requires_grad=True)
         optimizer = torch.optim.SGD(
