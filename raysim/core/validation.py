@@ -80,11 +80,12 @@ def stats_problem(stats: Any) -> str | None:
     return None
 
 
-def samples_problem(samples: Any, held: int) -> str | None:
-    """num_samples must be an integer between 0 and the samples the client holds."""
+def samples_problem(samples: Any, held: int | None = None) -> str | None:
+    """num_samples must be an integer >= 0, and at most the samples the client holds (when
+    `held` is known)."""
     if isinstance(samples, bool) or not isinstance(samples, int | np.integer) or samples < 0:
         return f"num_samples is {samples!r}, expected an integer >= 0"
-    if samples > held:
+    if held is not None and samples > held:
         return f"num_samples is {samples}, but this client holds {held} training samples"
     return None
 
@@ -124,11 +125,12 @@ def wire_nbytes(codec: Any, message: Any) -> int:
 
 def check_update(codec: Codec, layout: VectorLayout, update: ClientUpdate) -> str | None:
     """Checks of one client's update before decoding: sample count, stats, the message."""
-    samples = update.num_samples
-    if isinstance(samples, bool) or not isinstance(samples, int | np.integer) or samples < 0:
-        return f"num_samples is {samples!r}, expected an integer >= 0"
     check = getattr(codec, "check", None)
-    problem = stats_problem(update.stats) or metrics_problem(update.metrics)
+    problem = (
+        samples_problem(update.num_samples)
+        or stats_problem(update.stats)
+        or metrics_problem(update.metrics)
+    )
     return problem or (check(update.message, layout) if check is not None else None)
 
 
