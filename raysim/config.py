@@ -37,8 +37,13 @@ class RunConfig:
     checkpoint_every: int = 10  # write a checkpoint every N rounds (0: only after the last)
     keep_checkpoints: int = 3
     # Ray backend: client tasks still running this many seconds after the round's dispatch are
-    # cancelled and their clients dropped for the round (None: wait for every client).
+    # cancelled and their clients dropped for the round (None: wait for every client). In the
+    # first round, which starts the workers, it counts from the first update's arrival.
     round_deadline_s: float | None = None
+    # Stop the run (exit status 2, saying why) after this many rounds in a row that left the
+    # model unchanged (every update dropped, late or rejected): a run that trains nothing
+    # must not end as if it had succeeded. 0: never stop.
+    max_idle_rounds: int = 5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -571,6 +576,7 @@ def _validate(config: Config, source: str) -> None:
     require(run.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", run.checkpoint_every)
     require(run.keep_checkpoints >= 1, "run.keep_checkpoints", ">= 1", run.keep_checkpoints)
     require(run.seed >= 0, "run.seed", ">= 0", run.seed)
+    require(run.max_idle_rounds >= 0, "run.max_idle_rounds", ">= 0", run.max_idle_rounds)
     deadline = run.round_deadline_s
     require(
         deadline is None or (deadline > 0 and finite(deadline)),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
+import pytest
 
 from raysim.core.loop import find_resume_point
 from raysim.core.state import ServerState
+from raysim.errors import RaysimError
 from raysim.outputs import RunOutputs
 
 
@@ -104,3 +107,25 @@ def test_a_yaml_alias_bomb_config_is_one_line_fast(tmp_path):
     loop.write_text("run:\n  rounds: 3\ndata:\n  name: &x [*x]\n")
     with pytest.raises(ConfigError, match="expands to more than"):
         config.load(loop)
+
+
+def test_a_run_that_trains_nothing_for_several_rounds_stops_and_says_why(digits_config, tmp_path):
+    """Issue item: a run whose every client is dropped (or late, or rejected) round after
+    round ended with exit 0 and the initial model. After `run.max_idle_rounds` such rounds in
+    a row it now stops with a RaysimError (exit status 2 from the CLI) naming the rounds and the
+    cause; the rounds it ran stay in metrics.jsonl."""
+    from raysim.core.loop import run
+
+    failing = ("run.rounds=8", "faults.client_failure_rate=1.0", "clients.max_retries=0")
+    with pytest.raises(RaysimError, match=r"rounds 1-5 left the model unchanged .*50 dropped"):
+        run(digits_config(*failing), tmp_path / "stopped", progress=False, tensorboard=False)
+    lines = (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["model_kept"] for line in lines] == [True] * 5
+    # 0 turns the stop off: the run ends, having kept the model every round.
+    result = run(
+        digits_config(*failing, "run.max_idle_rounds=0"),
+        tmp_path / "kept",
+        progress=False,
+        tensorboard=False,
+    )
+    assert result.state.round == 8

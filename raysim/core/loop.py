@@ -92,6 +92,32 @@ def find_resume_point(out_dir: str | Path) -> tuple[ServerState | None, list[dic
     return None, []
 
 
+def _idle_reason(records: list[dict[str, Any]], limit: int) -> str:
+    """Why a run stops after `limit` rounds in a row that left the model unchanged."""
+    counts = {
+        key: sum(record.get(key) or 0 for record in records)
+        for key in ("clients", "clients_dropped", "clients_late", "clients_rejected")
+    }
+    refused = sum("refused" in line for record in records for line in record.get("rejected", []))
+    causes = [
+        f"{counts[key]} {word}"
+        for key, word in (
+            ("clients_late", "late (run.round_deadline_s)"),
+            ("clients_dropped", "dropped"),
+            ("clients_rejected", "rejected"),
+        )
+        if counts[key]
+    ]
+    if refused:
+        causes.append(f"{refused} server update(s) refused")
+    return (
+        f"rounds {records[0]['round']}-{records[-1]['round']} left the model unchanged "
+        f"({counts['clients']} clients sampled: {', '.join(causes) or 'no update arrived'}); "
+        f"stopping after run.max_idle_rounds={limit} such rounds in a row, since the run would "
+        "train nothing (metrics.jsonl has the rounds; set run.max_idle_rounds: 0 to never stop)"
+    )
+
+
 @dataclass
 class RunResult:
     state: ServerState
@@ -294,6 +320,7 @@ def run(
         return call()
 
     next_info = None
+    idle: list[dict[str, Any]] = []  # records of the latest rounds in a row that trained nothing
     started = time.perf_counter()
     try:
         for round_index in range(first_round, rounds):
@@ -347,6 +374,8 @@ def run(
             if stats.eval:
                 last_eval = stats.eval
                 record["eval"] = stats.eval
+            if not stats.model_updated:
+                record["model_kept"] = True  # nothing arrived, or the update was refused
             if stats.rejected:  # one line per rejected update, naming the client
                 record["rejected"] = list(stats.rejected)
                 for line in stats.rejected:
@@ -357,6 +386,9 @@ def run(
             every = config.run.checkpoint_every
             if last or (every and (round_index + 1) % every == 0):
                 outputs.save_checkpoint(with_server(backend.get_state, round_index + 1), data_shape)
+            idle = idle + [record] if not stats.model_updated else []
+            if config.run.max_idle_rounds and len(idle) >= config.run.max_idle_rounds:
+                raise RaysimError(_idle_reason(idle, config.run.max_idle_rounds))
             if kill_after == round_index + 1:
                 os.kill(os.getpid(), signal.SIGKILL)  # test hook: a driver killed mid-run
             if bar is not None:

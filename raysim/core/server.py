@@ -342,6 +342,7 @@ class Server:
             # Every update of the round was rejected or dropped (or weighs nothing): the model
             # stays, the round still ends.
             self.state = ServerState(self.state.round + 1, dict(self.state.arrays))
+            stats.model_updated = False
             aggregate = None
         elif self.reduces_in_task:
             if self._reduced is None:
@@ -374,6 +375,7 @@ class Server:
                     "non-finite; the round's aggregate was refused and the model kept"
                 )
                 result = ServerState(state.round + 1, dict(state.arrays))
+                stats.model_updated = False
             self.state = result
         self._contributions = []
         # The phases the algorithm timed itself (index, spreadout) are reported apart.

@@ -129,6 +129,10 @@ class RoundStats:
     # not counted in clients_done; `rejected` holds one log line per refusal (with client id).
     clients_rejected: int = 0
     rejected: list[str] = field(default_factory=list)
+    # False when the round left the model as it was: every update was dropped, late, rejected
+    # or weighed 0, or the server refused the update (raysim.core.loop stops a run after
+    # `run.max_idle_rounds` such rounds in a row).
+    model_updated: bool = True
     bytes_up: int = 0
     bytes_down: int = 0
     train_loss: float = float("nan")

@@ -278,6 +278,10 @@ def _client_task(
     return updates, time.perf_counter() - started, ray.get_runtime_context().get_node_id()
 
 
+# The most a round's deadline is extended while the first round starts the client workers.
+WORKER_START_ALLOWANCE_S = 60.0
+
+
 @dataclasses.dataclass(frozen=True)
 class _Dropped:
     """A client that sends nothing this round (out of retries, or `late` for the deadline)."""
@@ -316,6 +320,11 @@ class ServerActor:
         self.faults = FaultPlan.from_config(ctx.config)
         self.max_retries = clients.max_retries
         self.deadline_s = ctx.config.run.round_deadline_s
+        # The first round this actor runs includes starting the client workers and their first
+        # use of torch (1-3 s each here), which is not lateness: there the deadline counts from
+        # the first update's arrival (or, if none arrives, WORKER_START_ALLOWANCE_S later).
+        # Timed from the dispatch it dropped every client of the round.
+        self.first_round = True
         self._publish_payload()
         self._prefetched: tuple[int, float, list, list] | None = None
         self.metrics = RoundMetrics(ctx.config.run.name)  # Ray dashboard: rounds, updates, bytes
@@ -372,6 +381,10 @@ class ServerActor:
         retries = 0
         pending = list(task_refs)
         deadline = None if self.deadline_s is None else started + self.deadline_s
+        starting_workers = self.first_round and deadline is not None
+        if starting_workers:
+            deadline += WORKER_START_ALLOWANCE_S
+        self.first_round = False
 
         def submit(client_ids: np.ndarray, attempts: np.ndarray) -> None:
             nonlocal retries
@@ -420,8 +433,12 @@ class ServerActor:
             timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
             done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
             if not done:  # the round's deadline passed: cancel what runs, drop its clients
+                # Not force=True: that kills the worker, and its replacement's start-up (a
+                # second or more) would miss the next round's deadline too, round after round
+                # (0 of 64 updates in 8 rounds of a 1 s deadline on 20 ms rounds). A plain
+                # cancel interrupts the task and keeps the worker; its result is ignored.
                 for ref in pending:
-                    ray.cancel(ref, force=True)
+                    ray.cancel(ref, force=False)
                     client_ids, _ = tasks.pop(ref)
                     finish(int(client_ids[0]), [_Dropped(int(c), late=True) for c in client_ids])
                 pending = []
@@ -442,6 +459,9 @@ class ServerActor:
                     self.nodes[node_id] += 1
                     finished[int(client_ids[0])] = updates
                     compute_s += task_s
+                    if starting_workers:  # a worker is up: from now on the deadline holds
+                        deadline = min(deadline, time.perf_counter() + self.deadline_s)
+                        starting_workers = False
             while keys and keys[0] in finished:  # fold in client-id order
                 key = heapq.heappop(keys)
                 live.discard(key)
