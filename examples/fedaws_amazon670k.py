@@ -210,7 +210,8 @@ def run_method(name: str, raw: dict, out: Path, address: str | None) -> dict:
     config = config_module.from_dict(raw, source=f"{name} config")
     print(f"\n== {name} ==", flush=True)
     started = time.perf_counter()
-    result = run(config, out, address=address, progress=True)
+    # The study owns its folders: each invocation replaces the runs of the one before.
+    result = run(config, out, address=address, progress=True, overwrite=True)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     times = {}
     for record in records:

@@ -164,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
                 raw["algorithm"] = {**raw["algorithm"], **options}
             print(f"\n== {name} ==", flush=True)
             started = time.perf_counter()
-            result = run(
-                config_module.from_dict(raw, source=name), out / name, address=args.address
+            result = run(  # the study's folders: each invocation replaces the last one's
+                config_module.from_dict(raw, source=name),
+                out / name,
+                address=args.address,
+                overwrite=True,
             )
             results[name] = {**result.summary["final"], "wall_s": time.perf_counter() - started}
     finally:

@@ -107,6 +107,7 @@ def centralized_gmap(out: Path, seed: int, rounds: int, overrides: list[str]) ->
         out / "runs" / f"centralized_seed{seed}",
         progress=False,
         tensorboard=False,
+        overwrite=True,  # the study's folders: each invocation replaces the last one's
     )
     federated = load("flag", seed, rounds, overrides)
     dataset = load_dataset(federated)
@@ -128,7 +129,7 @@ def run_method(out: Path, method: str, seed: int, rounds: int, overrides: list[s
     alpha = config.algorithm.options.get("alpha") if method == "flag" else None
     suffix = f"_alpha{alpha}" if alpha is not None else ""
     out_dir = out / "runs" / f"{method}{suffix}_seed{seed}"
-    result = run(config, out_dir, progress=False, tensorboard=False)
+    result = run(config, out_dir, progress=False, tensorboard=False, overwrite=True)
     records = [r for r in history(out_dir) if "eval" in r]
     final = result.summary["final"]
     summary = {

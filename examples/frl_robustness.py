@@ -107,7 +107,9 @@ class Study:
             cfg = self.config(method, extra, seed)
             name = f"{label}-seed{seed}".replace(" ", "_").replace("%", "pct")
             started = time.perf_counter()
-            result = run(cfg, self.out / "runs" / name, progress=False, tensorboard=False)
+            result = run(  # the study's folders: each invocation replaces the last one's
+                cfg, self.out / "runs" / name, progress=False, tensorboard=False, overwrite=True
+            )
             curve = {}
             for line in open(self.out / "runs" / name / "metrics.jsonl"):
                 record = json.loads(line)

@@ -48,19 +48,27 @@ def run(
     address: str | None = None,
     progress: bool = True,
     tensorboard: bool = True,
+    overwrite: bool = False,
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ):
     """Run one simulation; returns its `RunResult` (final state, summary, output folder).
 
     `config`: a `Config`, a YAML file or a dict of sections; `overrides`: `section.key=value`
     strings as with `--set`; `out`: the output folder (default runs/NAME-TIMESTAMP);
-    `address`: join a Ray cluster; `on_round(record)`: called with each round's record."""
+    `address`: join a Ray cluster; `on_round(record)`: called with each round's record;
+    `overwrite`: replace a run already in `out` (else such a folder is refused)."""
     from raysim.core import loop
 
     config = _as_config(config, overrides)
     out = out if out is not None else f"runs/{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     return loop.run(
-        config, out, address=address, progress=progress, tensorboard=tensorboard, on_round=on_round
+        config,
+        out,
+        address=address,
+        progress=progress,
+        tensorboard=tensorboard,
+        overwrite=overwrite,
+        on_round=on_round,
     )
 
 

@@ -48,9 +48,15 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_arguments(run, optional=True)  # optional with --resume
     run.add_argument("--out", help="output folder (default: runs/NAME-TIMESTAMP)")
     run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="if --out holds another run, delete it (without this, such a folder is refused)",
+    )
+    run.add_argument(
         "--resume",
         metavar="DIR",
-        help="continue the stopped run in DIR from its newest readable checkpoint",
+        help="continue the stopped run in DIR from its newest usable checkpoint "
+        "(--set run.rounds=N extends it)",
     )
     run.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -134,15 +140,20 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
 
     if args.command == "run" and args.resume:
-        if args.config or args.overrides or args.out:
+        if args.config or args.out or args.overwrite:
             raise RaysimError(
-                "--resume DIR continues the run with DIR/config.yaml; "
-                "give no CONFIG, --set or --out with it"
+                "--resume DIR continues the run with DIR/config.yaml; give no CONFIG, --out "
+                "or --overwrite with it (--set run.rounds=N extends the run)"
             )
         from raysim.core.loop import resume
 
         args.run_dir = args.resume
-        result = resume(args.resume, address=args.address, progress=not args.no_progress)
+        result = resume(
+            args.resume,
+            overrides=args.overrides,
+            address=args.address,
+            progress=not args.no_progress,
+        )
         _print_done(result, args.resume)
         return 0
     if args.config is None:
@@ -168,7 +179,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     out = args.out or f"runs/{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     args.run_dir = out
-    result = run(config, out, address=args.address, progress=not args.no_progress)
+    result = run(
+        config, out, address=args.address, progress=not args.no_progress, overwrite=args.overwrite
+    )
     _print_done(result, out)
     return 0
 

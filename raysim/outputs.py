@@ -11,11 +11,14 @@ OUT/checkpoints/      round_NNNNNN.npz: the server state (numpy arrays only, loa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import queue
 import re
+import shutil
+import stat
 import threading
 import zipfile
 from pathlib import Path
@@ -58,25 +61,32 @@ class RunOutputs:
         config: Config,
         tensorboard: bool = True,
         history: list[dict[str, Any]] | None = None,
+        resumed_round: int = 0,
     ) -> None:
-        """Start a run's outputs; `history` (on resume) = the metrics records to keep."""
+        """Start a run's outputs. On resume, `history` holds the metrics records to keep (those
+        of rounds up to `resumed_round`, the restored checkpoint's); else a new run starts, and
+        an earlier run in the folder (allowed only with overwrite, see `check_out_dir`) is
+        removed first, so that the folder never mixes two runs."""
         self.out_dir = check_out_dir(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if history is None:
+            found = run_files(self.out_dir)
+            if found:
+                print(f"raysim: deleting the earlier run in {self.out_dir} (--overwrite)")
+                for path in found:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
         self.checkpoint_dir = self.out_dir / "checkpoints"
         self.checkpoint_dir.mkdir(exist_ok=True)
-        if history is None:
-            # A new run in a folder that holds an older one replaces it (its checkpoints must
-            # not be mistaken for this run's when resuming).
-            old = checkpoint_paths(self.checkpoint_dir)
-            if old:
-                print(f"raysim: replacing the previous run in {self.out_dir}", flush=True)
-            for path in old:
-                path.unlink()
         self.keep_checkpoints = config.run.keep_checkpoints
+        # Each checkpoint carries the config it was written under (resume compares them).
+        self.config_dict = config.to_dict()
         # What produced the run, as comments of config.yaml (still a plain, loadable config)
-        # and in summary.json.
+        # and in summary.json; the fingerprint lets a resume spot an edited config.yaml.
         self.environment = run_environment()
-        header = "".join(f"# {key}: {value}\n" for key, value in self.environment.items())
+        fingerprint = {"config_fingerprint": config_fingerprint(config)}
+        header = "".join(
+            f"# {key}: {value}\n" for key, value in {**self.environment, **fingerprint}.items()
+        )
         _atomic_write_bytes(self.out_dir / "config.yaml", (header + config.to_yaml()).encode())
         # On resume, metrics.jsonl keeps the rounds up to the checkpoint (rewritten atomically);
         # later rounds are recomputed and appended.
@@ -87,7 +97,12 @@ class RunOutputs:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+            # On resume, events of the rounds after the checkpoint (written before the stop,
+            # recomputed now) are purged, so no round appears twice.
+            purge = resumed_round + 1 if history is not None else None
+            self._writer = SummaryWriter(
+                log_dir=str(self.out_dir / "tensorboard"), purge_step=purge
+            )
         # Round records are written by a background thread: TensorBoard's add_scalar costs
         # ~50 us a value, which would otherwise sit on the critical path of every round.
         self._queue: queue.Queue = queue.Queue()
@@ -146,7 +161,7 @@ class RunOutputs:
     def _save_checkpoint(self, state: ServerState, extra: dict[str, Any] | None) -> Path:
         self.flush()
         path = self.checkpoint_dir / f"round_{state.round:06d}.npz"
-        meta = json.dumps({"round": state.round, **(extra or {})})
+        meta = json.dumps({"round": state.round, "config": self.config_dict, **(extra or {})})
         arrays = dict(state.arrays)
         arrays[_META_KEY] = np.frombuffer(meta.encode(), dtype=np.uint8)
         import io
@@ -185,22 +200,120 @@ _CHECKPOINT_NAME = re.compile(r"round_(\d+)\.npz")
 
 def checkpoint_paths(checkpoint_dir: str | Path) -> list[Path]:
     """A run's checkpoint files (round_<N>.npz), oldest first by their round number: names
-    are zero-padded to 6 digits, so a string sort would put round 1,000,000 before 999,999."""
+    are zero-padded to 6 digits, so a string sort would put round 1,000,000 before 999,999.
+    Only regular files: reading a FIFO of that name would hang the resume."""
     found = []
     for path in Path(checkpoint_dir).glob("round_*.npz"):
         match = _CHECKPOINT_NAME.fullmatch(path.name)
-        if match:
+        if match and stat.S_ISREG(path.lstat().st_mode):
             found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
 
 
-def check_out_dir(out_dir: str | Path) -> Path:
-    """An output folder path that can be a folder (one line naming the file in the way)."""
+def checkpoint_round(path: Path) -> int:
+    """The round a checkpoint's file name says it holds."""
+    return int(_CHECKPOINT_NAME.fullmatch(path.name).group(1))
+
+
+# What a run writes into its folder (see the module docstring): a folder holding any of these
+# holds a run.
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tensorboard")
+
+
+def run_files(out_dir: Path) -> list[Path]:
+    """The files and folders of a run in `out_dir` (none: it holds no run)."""
+    return [out_dir / name for name in RUN_FILES if (out_dir / name).exists()]
+
+
+def check_out_dir(out_dir: str | Path, *, new_run: bool = False, overwrite: bool = False) -> Path:
+    """An output folder path that can be a folder (one line naming the file in the way). For a
+    `new_run`, a folder holding another run is refused unless `overwrite` (the new run then
+    deletes it once its data has loaded): writing into it would mix two runs' records."""
     out_dir = Path(out_dir)
     for path in (out_dir, *out_dir.parents):
         if path.exists() and not path.is_dir():
             raise RaysimError(f"output folder {out_dir}: {path} is a file, not a folder")
+    if new_run and not overwrite:
+        found = run_files(out_dir)
+        if found:
+            raise RaysimError(
+                f"output folder {out_dir} holds another run ({', '.join(p.name for p in found)}); "
+                f"continue it with: raysim run --resume {out_dir}; or start over with "
+                "--overwrite, which deletes that run; or choose another --out"
+            )
     return out_dir
+
+
+# What may differ between the config a run was written with and the one it resumes with: the
+# round count (`--resume DIR --set run.rounds=N` extends a run) and where it runs (`runtime`:
+# backend, Ray address, CPUs; results do not depend on them). Any other change would make a
+# silent hybrid of two runs.
+RESUMABLE_KEYS = ("run.rounds", "runtime.")
+
+
+def resume_identity(config: Config | dict[str, Any]) -> dict[str, Any]:
+    """The config's keys (flattened, `section.key`) that a resume must not change."""
+    raw = config.to_dict() if isinstance(config, Config) else config
+    raw = json.loads(json.dumps(raw, default=str))  # as stored in checkpoint metadata
+    flat = {
+        f"{section}.{key}": value
+        for section, values in raw.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+    }
+    return {
+        key: value
+        for key, value in flat.items()
+        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_KEYS)
+    }
+
+
+def config_fingerprint(config: Config | dict[str, Any]) -> str:
+    """A short hash of `resume_identity(config)`."""
+    text = json.dumps(resume_identity(config), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_changes(old: dict[str, Any], new: Config) -> list[str]:
+    """`key: old -> new` for every key a resume must not change that differs."""
+    before, after = resume_identity(old), resume_identity(new)
+    return [
+        f"{key}: {before.get(key, '(unset)')!r} -> {after.get(key, '(unset)')!r}"
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    ]
+
+
+def written_fingerprint(config_path: Path) -> str | None:
+    """The config fingerprint in the header of a run's config.yaml (None: not there)."""
+    for line in config_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith("# config_fingerprint: "):
+            return line.removeprefix("# config_fingerprint: ").strip()
+    return None
+
+
+def check_state(state: ServerState, template: ServerState) -> str | None:
+    """Why a restored state cannot continue this run, None if it can: the arrays of the run's
+    initial state (`template`), each with its shape and dtype, and finite."""
+    missing = sorted(set(template.arrays) - set(state.arrays))
+    if missing:
+        return f"it lacks array(s) {', '.join(missing)}"
+    extra = sorted(set(state.arrays) - set(template.arrays))
+    if extra:
+        return f"it holds array(s) {', '.join(extra)} this run does not have"
+    for name, expected in template.arrays.items():
+        value = np.asarray(state.arrays[name])
+        expected = np.asarray(expected)
+        if value.shape != expected.shape or value.dtype != expected.dtype:
+            return (
+                f"array '{name}' is {value.dtype}{list(value.shape)} where this run's is "
+                f"{expected.dtype}{list(expected.shape)}"
+            )
+        if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
+            return f"array '{name}' holds non-finite values"
+    return None
 
 
 def run_environment() -> dict[str, Any]:
@@ -256,6 +369,22 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's metadata alone (its arrays are not read)."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if _META_KEY not in archive.files:
+                raise RaysimError(f"checkpoint {path} has no raysim metadata")
+            raw = archive[_META_KEY]
+        meta = json.loads(raw.tobytes().decode())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise RaysimError(f"checkpoint {path} is unreadable: {error}") from None
+    return meta
+
+
 def load_checkpoint(path: str | Path) -> tuple[ServerState, dict[str, Any]]:
     """Read a checkpoint written by `save_checkpoint` (no pickle is ever loaded)."""
     path = Path(path)
@@ -271,6 +400,12 @@ def load_checkpoint(path: str | Path) -> tuple[ServerState, dict[str, Any]]:
         round_index = int(meta["round"])
     except (ValueError, KeyError, TypeError) as error:  # incl. JSON and UTF-8 decode errors
         raise RaysimError(f"checkpoint {path} has unreadable raysim metadata: {error!r}") from None
+    match = _CHECKPOINT_NAME.fullmatch(path.name)
+    if match and int(match.group(1)) != round_index:  # renamed or forged: trust neither
+        raise RaysimError(
+            f"checkpoint {path} holds round {round_index} but its name says round "
+            f"{int(match.group(1))}"
+        )
     return ServerState(round_index, arrays), meta
 
 

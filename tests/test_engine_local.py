@@ -130,11 +130,13 @@ def test_tensorboard_scalars_can_be_read_back(fedavg_run):
 
 
 def test_checkpoints_every_n_rounds_and_last_equals_final_state(fedavg_run):
-    _, result = fedavg_run
+    cfg, result = fedavg_run
     names = sorted(p.name for p in (result.out_dir / "checkpoints").iterdir())
     assert names == ["round_000005.npz", "round_000010.npz", "round_000015.npz"]
     state, meta = load_checkpoint(result.out_dir / "checkpoints" / "round_000015.npz")
     # the data shapes rebuild the model without the dataset (raysim.load_run)
+    # and the config it was written under (a resume refuses an edited one)
+    assert meta.pop("config") == json.loads(json.dumps(cfg.to_dict()))
     assert meta == {"round": ROUNDS, "input_shape": [64], "num_classes": 10, "num_features": None}
     assert state.round == ROUNDS
     assert set(state.arrays) == set(result.state.arrays) == {"params"}

@@ -17,7 +17,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +40,14 @@ from raysim.errors import RaysimError
 from raysim.outputs import (
     RunOutputs,
     check_out_dir,
+    check_state,
+    checkpoint_metadata,
     checkpoint_paths,
+    config_changes,
+    config_fingerprint,
     load_checkpoint,
     peak_rss_bytes,
+    written_fingerprint,
 )
 
 # Restarts of a lost server in a row (while recovering one round) before the run gives up.
@@ -55,18 +60,55 @@ def _test_kill_hook() -> int | None:
     return int(value) if value else None
 
 
-def find_resume_point(out_dir: str | Path) -> tuple[ServerState | None, list[dict[str, Any]]]:
-    """The newest readable checkpoint and the metrics records of the rounds it covers.
+def check_resume_config(out_dir: str | Path, config: Config) -> None:
+    """Refuse to resume `out_dir` with a config that differs from the one its run was written
+    with, except in `outputs.RESUMABLE_KEYS` (the round count, the runtime): an edited
+    config.yaml would otherwise continue as a silent hybrid of two runs. Compared with the
+    config stored in the newest readable checkpoint, else with the fingerprint in
+    config.yaml's header (a run stopped before its first checkpoint)."""
+    out_dir = Path(out_dir)
+    allowed = "a resume may change only run.rounds (--set run.rounds=N) and runtime.*"
+    for path in reversed(checkpoint_paths(out_dir / "checkpoints")):
+        try:
+            written = checkpoint_metadata(path).get("config")
+        except RaysimError:
+            continue  # damaged: find_resume_point reports it and falls back
+        if isinstance(written, dict):
+            changes = config_changes(written, config)
+            if changes:
+                raise RaysimError(
+                    f"cannot resume {out_dir}: its config differs from the one checkpoint "
+                    f"{path.name} was written with ({'; '.join(changes)}); {allowed}"
+                )
+            return
+        break
+    fingerprint = written_fingerprint(out_dir / "config.yaml")
+    if fingerprint is not None and fingerprint != config_fingerprint(config):
+        raise RaysimError(
+            f"cannot resume {out_dir}: {out_dir / 'config.yaml'} was edited after the run "
+            f"started (its config_fingerprint {fingerprint} no longer matches); {allowed}"
+        )
 
-    A checkpoint that cannot be read (e.g. truncated) is reported and the previous one used.
-    With none (a run stopped before its first checkpoint, or `checkpoint_every: 0`): (None,
-    []), the run starts again from round 0, whose state is a function of the seed.
+
+def find_resume_point(
+    out_dir: str | Path, template: ServerState | None = None
+) -> tuple[ServerState | None, list[dict[str, Any]]]:
+    """The newest usable checkpoint and the metrics records of the rounds it covers.
+
+    A checkpoint that cannot be read (e.g. truncated, or renamed: its name and contents
+    disagree on the round) or, given the run's initial state `template`, whose arrays are not
+    the run's (missing, wrong shape or dtype, non-finite) is reported and the previous one
+    used. With none (a run stopped before its first checkpoint, or `checkpoint_every: 0`):
+    (None, []), the run starts again from round 0, whose state is a function of the seed.
     """
     out_dir = Path(out_dir)
     checkpoints = list(reversed(checkpoint_paths(out_dir / "checkpoints")))
     for path in checkpoints:
         try:
             state, _ = load_checkpoint(path)
+            problem = None if template is None else check_state(state, template)
+            if problem is not None:
+                raise RaysimError(f"checkpoint {path} cannot continue this run: {problem}")
         except RaysimError as error:
             print(f"raysim: skipping checkpoint: {error}", file=sys.stderr, flush=True)
             continue
@@ -84,7 +126,7 @@ def find_resume_point(out_dir: str | Path) -> tuple[ServerState | None, list[dic
     if not (out_dir / "config.yaml").is_file():
         raise RaysimError(f"cannot resume {out_dir}: it holds no run (no config.yaml)")
     print(
-        f"raysim: no readable checkpoint in {out_dir / 'checkpoints'}: starting again from "
+        f"raysim: no usable checkpoint in {out_dir / 'checkpoints'}: starting again from "
         "round 0 (its state comes from the seed)",
         file=sys.stderr,
         flush=True,
@@ -161,20 +203,30 @@ def _start(config: Config, address: str | None):
 def resume(
     out_dir: str | Path,
     *,
+    overrides: Sequence[str] = (),
     address: str | None = None,
     progress: bool = True,
     tensorboard: bool = True,
 ) -> RunResult:
-    """Continue a stopped run from its newest readable checkpoint in `out_dir`.
+    """Continue a stopped run from its newest usable checkpoint in `out_dir`.
 
     Every random draw derives from (seed, round, client id) and the checkpoint holds the whole
     server state, so the resumed run ends exactly where an uninterrupted one would.
+    `overrides` may set only what a resume may change: `run.rounds=N` (extends the run) and
+    `runtime.*`.
     """
     from raysim import config as config_module
 
     if not (Path(out_dir) / "config.yaml").is_file():
         raise RaysimError(f"cannot resume {out_dir}: it holds no run (no config.yaml)")
-    config = config_module.load(Path(out_dir) / "config.yaml")
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if key != "run.rounds" and not key.startswith("runtime."):
+            raise RaysimError(
+                f"--set {override}: a resume may change only run.rounds and runtime.* (the "
+                "rest would make a hybrid of two runs); start a new run for other settings"
+            )
+    config = config_module.load(Path(out_dir) / "config.yaml", overrides)
     return run(
         config,
         out_dir,
@@ -194,24 +246,43 @@ def run(
     progress: bool = True,
     tensorboard: bool = True,
     resume_from_checkpoint: bool = False,
+    overwrite: bool = False,
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> RunResult:
     """Run a whole simulation and write its outputs to `out_dir`.
 
+    A new run refuses an `out_dir` that holds another run unless `overwrite` (which deletes
+    that run once the new one's data has loaded).
+
     `on_round(record)` is called with each round's metrics record once it is logged (e.g. a
     Tune trial reports it; raysim/tune.py).
     """
-    check_out_dir(out_dir)  # before anything starts: a file in the way is one line
-    restored, history = None, None
+    # Before anything starts: a file in the way, a folder holding another run (without
+    # `overwrite`) or a resume with an edited config is one line.
+    check_out_dir(out_dir, new_run=not resume_from_checkpoint, overwrite=overwrite)
     if resume_from_checkpoint:
-        restored, history = find_resume_point(out_dir)
+        check_resume_config(out_dir, config)
+    restored, history = None, None
     # Data and backend first: bad input fails here, before anything in out_dir is touched.
     backend = _start(config, address)
     dataset, split = backend.dataset, backend.split
     try:
+        if resume_from_checkpoint:  # checkpoints are checked against the run's initial state
+            restored, history = find_resume_point(out_dir, template=backend.get_state())
         if restored is not None:
+            if restored.round > config.run.rounds:
+                raise RaysimError(
+                    f"cannot resume {out_dir} for run.rounds={config.run.rounds}: its "
+                    f"checkpoint is at round {restored.round} already"
+                )
             backend.set_state(restored)
-        outputs = RunOutputs(out_dir, config, tensorboard=tensorboard, history=history)
+        outputs = RunOutputs(
+            out_dir,
+            config,
+            tensorboard=tensorboard,
+            history=history,
+            resumed_round=restored.round if restored is not None else 0,
+        )
     except BaseException:
         backend.shutdown()
         raise
@@ -252,6 +323,7 @@ def run(
             totals[key] += record.get(key) or 0
         last_eval = record.get("eval", last_eval)
         train_loss = record.get("train_loss") or float("nan")
+    done_before = totals["clients_done"]
     kill_after = _test_kill_hook()
 
     def round_info(round_index: int) -> RoundInfo:
@@ -400,7 +472,11 @@ def run(
             "resumed_from_round": first_round if restored is not None else None,
             "rounds": rounds,
             "wall_s": wall_s,
-            "client_updates_per_s": totals["clients_done"] / wall_s if wall_s else 0.0,
+            # of this process's rounds only: after a resume, wall_s does not cover the
+            # rounds before the checkpoint (whose updates clients_done counts)
+            "client_updates_per_s": (
+                (totals["clients_done"] - done_before) / wall_s if wall_s else 0.0
+            ),
             "bytes_up": totals["bytes_up"],
             "bytes_down": totals["bytes_down"],
             "clients_done": totals["clients_done"],
