@@ -329,7 +329,9 @@ def _trial(params: dict, *, base: Config, metric: str, out_root: str, cwd: str) 
         else:
             tune.report(report)
 
-    run(config, out, progress=False, tensorboard=True, on_round=on_round)
+    # The folder is this trial's own: a retry of the trial (Tune's failure handling) starts
+    # it over, replacing what the failed attempt wrote.
+    run(config, out, progress=False, tensorboard=True, on_round=on_round, overwrite=True)
     # Tune may stop the trial as soon as it sees the last round (ASHA does at max_t), so the
     # last report waits until the final checkpoint and summary.json are on disk.
     for report in last:
