@@ -27,6 +27,8 @@ import yaml
 from raysim import registry
 from raysim.errors import ConfigError, closest
 
+MAX_COUNT = 10**9  # the most rounds, and clients, a config may ask for
+
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
@@ -554,6 +556,21 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
     raise ConfigError(f"{source}: '{key}' expects {annotation}, got {value!r}")
 
 
+# Bounds of values that are finite but absurd. Each refuses only what no run uses and what would
+# otherwise crash deep inside a library or silently ruin the run (exit 0 with a NaN model):
+# torch turns a learning rate or weight decay into a float32 (max 3.4e38: "value cannot be
+# converted to type float without overflow"), time.sleep(1e300) overflows, a CPU count of 1e300
+# cannot become a thread count.
+MAX_LEARNING_RATE = 1e4  # a step of 1e4 x the gradient already diverges every model we train
+MAX_WEIGHT_DECAY = 1e4  # idem: lr x weight_decay > 2 makes SGD diverge
+# Adaptive server optimizers step by m / (sqrt(v) + eps). A tiny delta (|d| < 1e-162) has
+# d^2 = 0: with a subnormal eps such as 1e-320 its step is m / eps, 1e150 and more. Useful eps
+# values are 1e-8 .. 1e-1.
+MIN_EPS = 1e-30
+MAX_WAIT_S = 86_400.0  # one day: a longer straggler delay or round deadline is a typo
+MAX_TASK_RESOURCES = 1024.0  # CPUs or GPUs of one task or actor: it runs on one machine
+
+
 def _validate(config: Config, source: str) -> None:
     """Range checks that a type annotation cannot express; then the plug-ins' own checks."""
 
@@ -571,7 +588,10 @@ def _validate(config: Config, source: str) -> None:
         "a non-empty name without '/', '\\' or NUL (it names the output folder)",
         run.name,
     )
-    require(run.rounds >= 1, "run.rounds", ">= 1", run.rounds)
+    # A billion rounds (or clients) is beyond any simulation raysim can finish; more is a typo
+    # that would otherwise surface as an allocation traceback (the client offsets, the
+    # progress bar's arithmetic) or a run that never ends.
+    require(1 <= run.rounds <= MAX_COUNT, "run.rounds", f">= 1 and <= {MAX_COUNT:.0e}", run.rounds)
     require(run.eval_every >= 1, "run.eval_every", ">= 1", run.eval_every)
     require(run.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", run.checkpoint_every)
     require(run.keep_checkpoints >= 1, "run.keep_checkpoints", ">= 1", run.keep_checkpoints)
@@ -584,9 +604,20 @@ def _validate(config: Config, source: str) -> None:
         "a finite number of seconds > 0, or null",
         deadline,
     )
+    require(
+        deadline is None or deadline <= MAX_WAIT_S,
+        "run.round_deadline_s",
+        f"at most {MAX_WAIT_S:.0f} seconds (1 day), or null to wait for every client",
+        deadline,
+    )
     for key, path in (("data.root", config.data.root), ("partition.cache_dir", part.cache_dir)):
         require(path is None or (path != "" and "\0" not in path), key, "a path", path)
-    require(part.num_clients >= 1, "partition.num_clients", ">= 1", part.num_clients)
+    require(
+        1 <= part.num_clients <= MAX_COUNT,
+        "partition.num_clients",
+        f">= 1 and <= {MAX_COUNT:.0e}",
+        part.num_clients,
+    )
     from raysim.data.partition import check_partition_options
 
     try:  # the partitioner's own checks of its option values (dirichlet's alpha > 0, ...)
@@ -604,9 +635,16 @@ def _validate(config: Config, source: str) -> None:
     require(clients.batch_size >= 1, "clients.batch_size", ">= 1", clients.batch_size)
     require(clients.lr > 0, "clients.lr", "> 0", clients.lr)
     require(finite(clients.lr), "clients.lr", "finite", clients.lr)
+    require(clients.lr <= MAX_LEARNING_RATE, "clients.lr", "in (0, 1e4]", clients.lr)
     require(0 <= clients.momentum < 1, "clients.momentum", "in [0, 1)", clients.momentum)
     require(clients.weight_decay >= 0, "clients.weight_decay", ">= 0", clients.weight_decay)
     require(finite(clients.weight_decay), "clients.weight_decay", "finite", clients.weight_decay)
+    require(
+        clients.weight_decay <= MAX_WEIGHT_DECAY,
+        "clients.weight_decay",
+        "in [0, 1e4]",
+        clients.weight_decay,
+    )
     require(
         clients.per_task == "auto" or (isinstance(clients.per_task, int) and clients.per_task >= 1),
         "clients.per_task",
@@ -617,10 +655,24 @@ def _validate(config: Config, source: str) -> None:
     require(finite(clients.num_cpus), "clients.num_cpus", "finite", clients.num_cpus)
     require(clients.num_gpus >= 0, "clients.num_gpus", ">= 0", clients.num_gpus)
     require(finite(clients.num_gpus), "clients.num_gpus", "finite", clients.num_gpus)
+    for key in ("num_cpus", "num_gpus"):
+        value = getattr(clients, key)
+        require(
+            value <= MAX_TASK_RESOURCES,
+            f"clients.{key}",
+            f"at most {MAX_TASK_RESOURCES:.0f} (one client task runs on one machine)",
+            value,
+        )
     ratio = config.server.max_update_ratio
     require(ratio >= 0 and finite(ratio), "server.max_update_ratio", ">= 0", ratio)
     server_gpus = config.server.num_gpus
     require(server_gpus >= 0 and finite(server_gpus), "server.num_gpus", ">= 0", server_gpus)
+    require(
+        server_gpus <= MAX_TASK_RESOURCES,
+        "server.num_gpus",
+        f"at most {MAX_TASK_RESOURCES:.0f} (the server runs on one machine)",
+        server_gpus,
+    )
     require(clients.max_retries >= 0, "clients.max_retries", ">= 0", clients.max_retries)
     faults = config.faults
     for key in ("client_failure_rate", "hard_exit_fraction", "straggler_rate"):
@@ -630,6 +682,12 @@ def _validate(config: Config, source: str) -> None:
         faults.straggler_delay_s >= 0 and finite(faults.straggler_delay_s),
         "faults.straggler_delay_s",
         "a finite number of seconds >= 0",
+        faults.straggler_delay_s,
+    )
+    require(
+        faults.straggler_delay_s <= MAX_WAIT_S,
+        "faults.straggler_delay_s",
+        f"at most {MAX_WAIT_S:.0f} seconds (1 day)",
         faults.straggler_delay_s,
     )
     require(faults.seed >= 0, "faults.seed", ">= 0", faults.seed)
@@ -652,16 +710,25 @@ def _validate(config: Config, source: str) -> None:
     registry.server_optimizers.get(server.optimizer)
     require(server.lr > 0, "server.lr", "> 0", server.lr)
     require(finite(server.lr), "server.lr", "finite", server.lr)
+    require(server.lr <= MAX_LEARNING_RATE, "server.lr", "in (0, 1e4]", server.lr)
     require(0 <= server.momentum < 1, "server.momentum", "in [0, 1)", server.momentum)
     require(0 <= server.beta1 < 1, "server.beta1", "in [0, 1)", server.beta1)
     require(0 <= server.beta2 < 1, "server.beta2", "in [0, 1)", server.beta2)
     require(server.eps > 0, "server.eps", "> 0", server.eps)
     require(finite(server.eps), "server.eps", "finite", server.eps)
+    require(server.eps >= MIN_EPS, "server.eps", ">= 1e-30 (and finite)", server.eps)
     index = config.index
     require(index.shards >= 1, "index.shards", ">= 1", index.shards)
     require(index.retrain_every >= 1, "index.retrain_every", ">= 1", index.retrain_every)
-    require(index.num_cpus >= 0, "index.num_cpus", ">= 0", index.num_cpus)
-    require(index.num_gpus >= 0, "index.num_gpus", ">= 0", index.num_gpus)
+    for key in ("num_cpus", "num_gpus"):
+        value = getattr(index, key)
+        require(value >= 0, f"index.{key}", ">= 0", value)
+        require(
+            finite(value) and value <= MAX_TASK_RESOURCES,
+            f"index.{key}",
+            f"finite and at most {MAX_TASK_RESOURCES:.0f} (a shard actor runs on one machine)",
+            value,
+        )
     require(
         config.runtime.backend in registry.backends,
         "runtime.backend",

@@ -373,6 +373,7 @@ def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
     """A checkpoint's metadata alone (its arrays are not read)."""
     path = Path(path)
     try:
+        _check_members(path)
         with np.load(path, allow_pickle=False) as archive:
             if _META_KEY not in archive.files:
                 raise RaysimError(f"checkpoint {path} has no raysim metadata")
@@ -385,10 +386,45 @@ def checkpoint_metadata(path: str | Path) -> dict[str, Any]:
     return meta
 
 
+def _check_members(path: Path) -> None:
+    """Before any array is read: every member of the archive is an uncompressed .npy whose
+    header asks for exactly the bytes the member holds. So reading it needs no more memory
+    than the file's size (a 1 KB member whose header claims 10^12 entries, or a deflate bomb,
+    would otherwise be allocated in full)."""
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise RaysimError(f"checkpoint {path} is not a regular file")
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            where = f"checkpoint {path}, member {info.filename!r}"
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise RaysimError(f"{where} is compressed (raysim writes them stored)")
+            if not info.filename.endswith(".npy"):
+                raise RaysimError(f"{where} is not a .npy array")
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read_header = {
+                    (1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0,
+                }.get(version)
+                if read_header is None:
+                    raise RaysimError(f"{where} has .npy format version {version}")
+                shape, _, dtype = read_header(member)
+                header_bytes = member.tell()
+            if dtype.hasobject:
+                raise RaysimError(f"{where} holds Python objects (no pickle is ever loaded)")
+            count = math.prod(shape)
+            if count * dtype.itemsize != info.file_size - header_bytes:
+                raise RaysimError(
+                    f"{where} declares {dtype}{list(shape)} ({count * dtype.itemsize} bytes) "
+                    f"but holds {info.file_size - header_bytes} bytes"
+                )
+
+
 def load_checkpoint(path: str | Path) -> tuple[ServerState, dict[str, Any]]:
     """Read a checkpoint written by `save_checkpoint` (no pickle is ever loaded)."""
     path = Path(path)
     try:
+        _check_members(path)
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:

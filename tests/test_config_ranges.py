@@ -55,6 +55,12 @@ OUT_OF_RANGE = [
     (("clients.lr=-0.1",), "clients.lr", "> 0"),
     (("clients.lr=.inf",), "clients.lr", "finite"),
     (("clients.lr=.nan",), "clients.lr", "> 0"),
+    # finite but absurd: torch takes lr / weight decay as float32; larger steps only diverge
+    (("clients.lr=1e308",), "clients.lr", "in (0, 1e4]"),
+    (("clients.lr=10001",), "clients.lr", "in (0, 1e4]"),
+    (("clients.weight_decay=1e300",), "clients.weight_decay", "in [0, 1e4]"),
+    (("clients.num_cpus=1e300",), "clients.num_cpus", "at most 1024"),
+    (("clients.num_gpus=2000",), "clients.num_gpus", "at most 1024"),
     (("clients.momentum=-0.9",), "clients.momentum", "in [0, 1)"),
     (("clients.momentum=1.5",), "clients.momentum", "in [0, 1)"),
     (("clients.weight_decay=-1e-4",), "clients.weight_decay", ">= 0"),
@@ -80,6 +86,15 @@ OUT_OF_RANGE = [
     (("server.beta2=-0.5",), "server.beta2", "in [0, 1)"),
     (("server.eps=0",), "server.eps", "> 0"),
     (("server.eps=-1e-3",), "server.eps", "> 0"),
+    (("server.lr=1e300",), "server.lr", "in (0, 1e4]"),
+    (("server.eps=1e-320",), "server.eps", ">= 1e-30"),
+    (("server.eps=1e-31",), "server.eps", ">= 1e-30"),
+    (("server.num_gpus=1e9",), "server.num_gpus", "at most 1024"),
+    (("faults.straggler_delay_s=1e300",), "faults.straggler_delay_s", "at most 86400"),
+    (("faults.straggler_delay_s=86401",), "faults.straggler_delay_s", "at most 86400"),
+    (("run.round_deadline_s=1e300",), "run.round_deadline_s", "at most 86400"),
+    (("index.num_cpus=.inf",), "index.num_cpus", "finite"),
+    (("index.num_gpus=1e300",), "index.num_gpus", "at most 1024"),
     # runtime
     (("runtime.num_cpus=0",), "runtime.num_cpus", ">= 1"),
     (("runtime.num_cpus=-2",), "runtime.num_cpus", ">= 1"),
@@ -104,6 +119,15 @@ OUT_OF_RANGE = [
         ">= 1",
     ),
     (("model.hidden=[8, x]",), "model.hidden", "Sequence[int]"),
+    (("algorithm.name=fedaws", "algorithm.class_lr=1e308"), "algorithm.class_lr", "(0, 1e4]"),
+    (
+        ("algorithm.name=fedaws", "algorithm.spreadout_lr=1e5"),
+        "algorithm.spreadout_lr",
+        "(0, 1e4]",
+    ),
+    (("algorithm.name=fedaws", "algorithm.lambda=1e300"), "algorithm.lambda", "[0, 1e6]"),
+    (("algorithm.name=fedaws", "algorithm.nu=1e300"), "algorithm.nu", "(0, 1e3]"),
+    (("algorithm.name=fedaws_softmax", "algorithm.scale=1e300"), "algorithm.scale", "(0, 1e4]"),
 ]
 
 
@@ -152,6 +176,14 @@ def test_through_an_override_the_message_names_the_override(digits_config_path):
         (*FRL, "algorithm.k=0.01", "algorithm.lr_decay=1"),
         ("algorithm.name=topk", "algorithm.fraction=1"),
         ("run.checkpoint_every=0", "run.eval_every=1000", "run.rounds=1"),
+        # the largest values the bounds on absurd numbers still accept
+        ("clients.lr=1e4", "server.lr=1e4", "clients.weight_decay=1e4", "server.eps=1e-30"),
+        ("faults.straggler_delay_s=86400", "run.round_deadline_s=86400"),
+        ("clients.num_cpus=1024", "clients.num_gpus=1024", "server.num_gpus=1024"),
+        ("index.num_cpus=1024", "index.num_gpus=1024"),
+        ("algorithm.name=fedaws", "algorithm.class_lr=1e4", "algorithm.lambda=1e6"),
+        ("algorithm.name=fedaws", "algorithm.spreadout_lr=1e4", "algorithm.nu=1e3"),
+        ("algorithm.name=fedaws_softmax", "algorithm.scale=1e4"),
     ],
 )
 def test_boundary_values_are_accepted(overrides):

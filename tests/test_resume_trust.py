@@ -17,8 +17,8 @@ from raysim.outputs import load_checkpoint
 SETTINGS = ("run.rounds=6", "run.checkpoint_every=3", "run.keep_checkpoints=5")
 
 
-def _run(config, out, **options):
-    return run(config, out, progress=False, tensorboard=options.pop("tensorboard", False), **options)
+def _run(config, out, tensorboard=False, **options):
+    return run(config, out, progress=False, tensorboard=tensorboard, **options)
 
 
 def _params(result):

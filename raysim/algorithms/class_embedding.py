@@ -2,6 +2,8 @@
 instance embeddings g_theta(x) and unit class embeddings w_c (the rows of W).
 
 - `Broadcast`: the round's common payload (theta, plus all of W for the oracle);
+- `ClassRow`: a FedAwS client's own payload, the row of the one class it holds (and that
+  class's id, which the task's reducer holds the client's message to);
 - `check_message`: why a client message is malformed (checked in the task);
 - `ClassEmbeddingMethod`: the worker-side model cache, the client's small local table of the
   embedding-bag rows it touched, the local training loop, the theta part of the message, the
@@ -24,14 +26,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from raysim.config import MAX_LEARNING_RATE
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.fixed_point import (
     FIXED_SCALE,
+    MAX_FIXED_WEIGHT,
+    checked_add,
     concat_rows,
     exceeds_fixed_range,
     sum_rows_by_id,
-    to_fixed,
+    to_fixed_bounded,
 )
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import local_training
@@ -58,6 +63,28 @@ class Broadcast:
         return int(self.theta.nbytes) + (0 if self.classes is None else int(self.classes.nbytes))
 
 
+@dataclass(frozen=True)
+class ClassRow:
+    """What the server sends one FedAwS client: the row of the one class it holds. The class
+    id is known to both sides (the client holds that class's data), so only the row counts as
+    sent; the task's reducer refuses a message that writes any other class's row.
+
+    Array-like (np.asarray gives the row), so code that handles the row alone still works."""
+
+    class_id: int
+    row: np.ndarray
+
+    def __wire_nbytes__(self) -> int:
+        return int(self.row.nbytes)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self.row, dtype=dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.row.shape
+
+
 def _float_array_problem(name: str, value, shape: tuple[int, ...]) -> str | None:
     if not isinstance(value, np.ndarray) or value.dtype != np.float32:
         return f"'{name}' must be a float32 array, got {type(value).__name__}"
@@ -74,6 +101,9 @@ def check_message(message, num_samples, layout: ModelLayout, num_classes: int, d
         return f"message must be a dict, got {type(message).__name__}"
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         return f"num_samples must be a positive integer, got {num_samples!r}"
+    if num_samples >= MAX_FIXED_WEIGHT:  # value x samples would no longer be exact
+        shown = f"{num_samples}" if num_samples < 10**15 else f"{len(str(num_samples))} digits"
+        return f"num_samples must be below 2^29 = {MAX_FIXED_WEIGHT:,}, got {shown}"
     dense_size = layout.size if layout.bag is None else len(layout.dense_index)
     problem = _float_array_problem("dense", message.get("dense"), (dense_size,))
     if problem:
@@ -122,8 +152,9 @@ class ClassEmbeddingMethod:
     default_aggregator = "weighted_mean"  # unused: these methods reduce their own updates
 
     def __init__(self, *, class_lr: float | None, eval_max_points: int) -> None:
-        if class_lr is not None and not class_lr > 0:
-            raise ConfigError(f"'algorithm.class_lr' must be > 0, got {class_lr}")
+        if class_lr is not None and not 0 < class_lr <= MAX_LEARNING_RATE:
+            # torch takes it as a float32: 1e308 would crash the first client's step
+            raise ConfigError(f"'algorithm.class_lr' must be in (0, 1e4], got {class_lr}")
         if eval_max_points < 1:
             raise ConfigError(f"'algorithm.eval_max_points' must be >= 1, got {eval_max_points}")
         self.class_lr = class_lr
@@ -233,22 +264,39 @@ class ClassEmbeddingMethod:
         return _Reducer(layout_of(model), ctx.num_classes, self._check_model(ctx, model))
 
     def merge_reduced(self, accumulated: dict | None, message: dict, ctx: RunContext) -> dict:
+        """Two tasks' exact sums added; every int64 sum is checked against wrap-around through
+        the magnitude bounds the messages carry (raysim.core.fixed_point)."""
         if accumulated is None:
             return message
+        bounds_a, bounds_m = accumulated["bounds"], message["bounds"]
         out = {"weight": accumulated["weight"] + message["weight"]}
-        out["dense"] = accumulated["dense"] + message["dense"]
+        bounds = {}
+        out["dense"], bounds["dense"] = checked_add(
+            accumulated["dense"], bounds_a["dense"], message["dense"], bounds_m["dense"], "'dense'"
+        )
         for ids_key, rows_key in (("bag_ids", "bag_rows"), ("class_ids", "class_rows")):
             ids = np.concatenate([accumulated[ids_key], message[ids_key]])
             rows = np.concatenate([accumulated[rows_key], message[rows_key]])
-            out[ids_key], out[rows_key] = sum_rows_by_id(ids, rows)
+            out[ids_key], out[rows_key], bounds[rows_key] = sum_rows_by_id(
+                ids, rows, bounds_a[rows_key] + bounds_m[rows_key], f"'{rows_key}'"
+            )
         if "class_counts" in accumulated:
             ids = np.concatenate([accumulated["class_ids_c"], message["class_ids_c"]])
             counts = np.concatenate([accumulated["class_counts"], message["class_counts"]])
-            out["class_ids_c"], out["class_counts"] = sum_rows_by_id(ids, counts)
+            out["class_ids_c"], out["class_counts"], _ = sum_rows_by_id(
+                ids, counts, None, "'class_counts'"
+            )
         if accumulated.get("classes_dense") is not None:
-            out["classes_dense"] = accumulated["classes_dense"] + message["classes_dense"]
+            out["classes_dense"], bounds["classes_dense"] = checked_add(
+                accumulated["classes_dense"],
+                bounds_a["classes_dense"],
+                message["classes_dense"],
+                bounds_m["classes_dense"],
+                "'classes'",
+            )
         else:
-            out["classes_dense"] = None
+            out["classes_dense"], bounds["classes_dense"] = None, 0
+        out["bounds"] = bounds
         return out
 
     def finish_reduced(self, accumulated: dict, ctx: RunContext) -> dict:
@@ -312,7 +360,12 @@ class ClassEmbeddingMethod:
 
 
 class _Reducer:
-    """Sums one task's client messages exactly (integer fixed point)."""
+    """Sums one task's client messages exactly (integer fixed point).
+
+    Each sum carries an upper bound of its largest magnitude, the sum of its terms' bounds (a
+    Python int; raysim.core.fixed_point): while it fits int64 the sums are plain numpy adds,
+    beyond it they are checked exactly and SumOverflowError is raised rather than letting
+    int64 wrap around. The bounds travel with the result to `merge_reduced`."""
 
     def __init__(self, layout: ModelLayout, num_classes: int, dim: int) -> None:
         self.layout, self.num_classes, self.dim_expected = layout, num_classes, dim
@@ -325,42 +378,79 @@ class _Reducer:
         self.classes_dense: np.ndarray | None = None
         self.bag_width = 0
         self.dim = 0
+        self.bounds = {"dense": 0, "bag_rows": 0, "class_rows": 0, "classes_dense": 0}
 
-    def add(self, update: ClientUpdate) -> str | None:
-        """Fold one client's message in; returns why it was refused instead (None: folded)."""
+    def add(self, update: ClientUpdate, sent=None) -> str | None:
+        """Fold one client's message in; returns why it was refused instead (None: folded).
+
+        `sent`: what the server sent this client (its personal payload, which the task body
+        passes along; None: none). A FedAwS client was sent its own class's row (`ClassRow`)
+        and may write back only that row: the class id is the server's, never the client's."""
         problem = check_message(
             update.message, update.num_samples, self.layout, self.num_classes, self.dim_expected
         )
         if problem is not None:
             return problem
         message, weight, client = update.message, int(update.num_samples), update.client_id
-        self.weight += weight
-        dense = to_fixed(message["dense"], weight, client)
-        self.dense = dense if self.dense is None else self.dense + dense
+        if "row" in message and isinstance(sent, ClassRow) and message["class"] != sent.class_id:
+            return (
+                f"'class' is {message['class']}, but this client holds class {sent.class_id} "
+                f"(a client may only send its own class's row)"
+            )
+        # Every fixed-point term and every sum first, then the reducer's state: a message whose
+        # sum overflows (SumOverflowError) leaves nothing half-folded.
+        bounds = dict(self.bounds)
+        dense, dense_bound = to_fixed_bounded(message["dense"], weight, client)
+        if self.dense is not None:
+            dense, dense_bound = checked_add(
+                self.dense, bounds["dense"], dense, dense_bound, "'dense'"
+            )
+        bounds["dense"] = dense_bound
+        bag = row = classes = None
         if "bag_ids" in message:
+            bag, bag_bound = to_fixed_bounded(message["bag_rows"], weight, client)
+            bounds["bag_rows"] += bag_bound
+        if message.get("row") is not None:
+            row, row_bound = to_fixed_bounded(message["row"][None, :], 1, client)
+            bounds["class_rows"] += row_bound
+        if message.get("classes") is not None:
+            classes, classes_bound = to_fixed_bounded(message["classes"], weight, client)
+            if self.classes_dense is not None:
+                classes, classes_bound = checked_add(
+                    self.classes_dense, bounds["classes_dense"], classes, classes_bound, "'classes'"
+                )
+            bounds["classes_dense"] = classes_bound
+        self.weight += weight
+        self.dense, self.bounds = dense, bounds
+        if bag is not None:
             self.bag_width = message["bag_rows"].shape[1]
             self.bag_ids.append(message["bag_ids"].astype(np.int64))
-            self.bag_rows.append(to_fixed(message["bag_rows"], weight, client))
-        if message.get("row") is not None:
+            self.bag_rows.append(bag)
+        if row is not None:
             self.dim = len(message["row"])
             self.class_ids.append(int(message["class"]))
-            self.class_rows.append(to_fixed(message["row"][None, :], 1, client))
-        if message.get("classes") is not None:
-            classes = to_fixed(message["classes"], weight, client)
-            self.classes_dense = (
-                classes if self.classes_dense is None else self.classes_dense + classes
-            )
+            self.class_rows.append(row)
+        if classes is not None:
+            self.classes_dense = classes
         return None
 
     def result(self) -> dict:
-        bag_ids, bag_rows = sum_rows_by_id(
+        bounds = dict(self.bounds)
+        bag_ids, bag_rows, bounds["bag_rows"] = sum_rows_by_id(
             concat_rows(self.bag_ids, (), np.int64),
             concat_rows(self.bag_rows, (self.bag_width,), np.int64),
+            bounds["bag_rows"],
+            "'bag_rows'",
         )
         class_ids = np.asarray(self.class_ids, dtype=np.int64)
-        class_ids_c, counts = sum_rows_by_id(class_ids, np.ones(len(class_ids), dtype=np.int64))
-        class_ids, class_rows = sum_rows_by_id(
-            class_ids, concat_rows(self.class_rows, (self.dim,), np.int64)
+        class_ids_c, counts, _ = sum_rows_by_id(
+            class_ids, np.ones(len(class_ids), dtype=np.int64), len(class_ids), "'class_counts'"
+        )
+        class_ids, class_rows, bounds["class_rows"] = sum_rows_by_id(
+            class_ids,
+            concat_rows(self.class_rows, (self.dim,), np.int64),
+            bounds["class_rows"],
+            "'class_rows'",
         )
         return {
             "weight": self.weight,
@@ -372,4 +462,5 @@ class _Reducer:
             "class_ids_c": class_ids_c,
             "class_counts": counts,
             "classes_dense": self.classes_dense,
+            "bounds": bounds,
         }

@@ -32,7 +32,13 @@ import uuid
 import numpy as np
 import torch
 
-from raysim.algorithms.class_embedding import Broadcast, ClassEmbeddingMethod, normalize_rows
+from raysim.algorithms.class_embedding import (
+    Broadcast,
+    ClassEmbeddingMethod,
+    ClassRow,
+    normalize_rows,
+)
+from raysim.config import MAX_LEARNING_RATE
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.fixed_point import FIXED_SCALE
@@ -43,6 +49,12 @@ from raysim.runtime.devices import server_device, to_numpy
 
 SPREADOUT_MODES = ("topk", "full", "none")
 DISTANCES = ("cosine", "euclidean")
+# The spreadout step is lambda x spreadout_lr x gradient; beyond these the class rows turn
+# inf/NaN at the first step and every round's aggregate is refused (the paper uses lambda 10).
+MAX_LAMBDA = 1e6
+# Distances between unit rows are at most 2: a margin past 1e3 only makes the squared hinge
+# (nu - d)^2 overflow, it cannot separate classes further.
+MAX_NU = 1e3
 
 
 def positive_loss(embeddings: torch.Tensor, row: torch.Tensor, margin: float) -> torch.Tensor:
@@ -81,12 +93,16 @@ class FedAwS(ClassEmbeddingMethod):
             )
         if not (lambda_ >= 0 and math.isfinite(lambda_)):
             raise ConfigError(f"'algorithm.lambda' must be a finite number >= 0, got {lambda_}")
+        if lambda_ > MAX_LAMBDA:
+            raise ConfigError(f"'algorithm.lambda' must be in [0, 1e6], got {lambda_}")
         if k < 1:
             raise ConfigError(f"'algorithm.k' must be >= 1, got {k}")
         if not (nu > 0 and math.isfinite(nu)):
             raise ConfigError(f"'algorithm.nu' must be a finite number > 0, got {nu}")
-        if spreadout_lr is not None and not spreadout_lr > 0:
-            raise ConfigError(f"'algorithm.spreadout_lr' must be > 0, got {spreadout_lr}")
+        if nu > MAX_NU:
+            raise ConfigError(f"'algorithm.nu' must be in (0, 1e3], got {nu}")
+        if spreadout_lr is not None and not 0 < spreadout_lr <= MAX_LEARNING_RATE:
+            raise ConfigError(f"'algorithm.spreadout_lr' must be in (0, 1e4], got {spreadout_lr}")
         if not 0 < positive_margin <= 2:
             raise ConfigError(
                 f"'algorithm.positive_margin' must be in (0, 2], got {positive_margin}"
@@ -117,7 +133,8 @@ class FedAwS(ClassEmbeddingMethod):
         return Broadcast(state.arrays["params"], uuid.uuid4().int & ((1 << 63) - 1))
 
     def client_payload(self, state: ServerState, client_ids: np.ndarray, client_classes):
-        """Only each client's own class row goes down (DESIGN §4.3)."""
+        """Only each client's own class row goes down (DESIGN §4.3), tagged with its class:
+        the task's reducer refuses a message writing any other class's row."""
         if len(client_classes) and client_classes.min() < 0:
             bad = int(client_ids[np.flatnonzero(client_classes < 0)[0]])
             raise ConfigError(
@@ -125,7 +142,7 @@ class FedAwS(ClassEmbeddingMethod):
                 f"holds several classes or no data"
             )
         rows = state.arrays["class_embeddings"][client_classes]
-        return list(rows)
+        return [ClassRow(int(c), row) for c, row in zip(client_classes, rows, strict=True)]
 
     # --- client -----------------------------------------------------------------------------------
     def client_update(

@@ -25,6 +25,10 @@ from raysim.errors import ConfigError
 from raysim.models.vector import build_model
 from raysim.runtime.devices import to_numpy
 
+# Logits are scale x cosine: past 1e4 the softmax is already a hard max, and past float32's
+# 3.4e38 the logits are inf and every client's loss NaN (the paper uses 16).
+MAX_SCALE = 1e4
+
 
 class FedAwSSoftmax(ClassEmbeddingMethod):
     """The Softmax oracle: every client gets theta AND all of W and minimises the full softmax
@@ -37,6 +41,8 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
         super().__init__(class_lr=class_lr, eval_max_points=eval_max_points)
         if not (scale > 0 and math.isfinite(scale)):
             raise ConfigError(f"'algorithm.scale' must be a finite number > 0, got {scale}")
+        if scale > MAX_SCALE:
+            raise ConfigError(f"'algorithm.scale' must be in (0, 1e4], got {scale}")
         self.scale = float(scale)
 
     def init_server(self, ctx: RunContext) -> ServerState:

@@ -24,14 +24,29 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from raysim.core.fixed_point import INT64_MAX, SumOverflowError, checked_add, peak_of
 from raysim.core.state import Contribution, RoundInfo
+
+
+def _dtype_peak(dtype: np.dtype) -> int | None:
+    """The largest magnitude any value of a small integer dtype can have (int8: 128); None for
+    64-bit integers, whose values must be looked at."""
+    if dtype.itemsize >= 8:
+        return None
+    info = np.iinfo(dtype)
+    return max(int(info.max), -int(info.min))
 
 
 class LinearAccumulator:
     """Running sum of weight * vector, folded in the order updates are added.
 
     Float vectors accumulate in float64; integer vectors (with integer weights) in int64, which
-    is exact, so any grouping of the sum gives the same result.
+    is exact, so any grouping of the sum gives the same result. An integer sum never wraps
+    around: `add` keeps an upper bound of the total's largest magnitude (the sum of the terms'
+    |weight| x max |value|, from the dtype when it is narrower than 64 bits, so FRL's int64
+    positions cost one max/min pass and SignSGD's int8 signs none) and checks the sum exactly
+    only when that bound passes 2^63 - 1; a weighted term or a total outside int64 raises
+    SumOverflowError and leaves the accumulator as it was.
     """
 
     def __init__(self, normalize: bool = True) -> None:
@@ -39,19 +54,48 @@ class LinearAccumulator:
         self.total: np.ndarray | None = None
         self.weight_sum = 0.0
         self.count = 0
+        self._bound = 0  # >= max |self.total| while the total is an int64 sum
 
     def add(self, vector: np.ndarray, weight: float) -> None:
         integer = np.issubdtype(vector.dtype, np.integer) and float(weight).is_integer()
         if self.total is None:
             self.total = np.zeros(vector.shape, dtype=np.int64 if integer else np.float64)
         if self.total.dtype == np.int64 and integer:
-            self.total += int(weight) * vector.astype(np.int64, copy=False)
+            self._add_integer(vector, int(weight))
         else:
             if self.total.dtype == np.int64:
                 self.total = self.total.astype(np.float64)
             self.total += float(weight) * vector.astype(np.float64, copy=False)
         self.weight_sum += float(weight)
         self.count += 1
+
+    def _add_integer(self, vector: np.ndarray, weight: int) -> None:
+        """total += weight * vector in int64, exactly (see the class docstring)."""
+        peak = _dtype_peak(vector.dtype)
+        if peak is None or self._bound + abs(weight) * peak > INT64_MAX:
+            peak = peak_of(vector)  # exact: decides whether the term and the sum fit
+        if peak == 0:  # a zero vector adds nothing, whatever its weight
+            return
+        term_bound = abs(weight) * peak
+        if term_bound > INT64_MAX:
+            raise SumOverflowError(
+                f"an integer update times its weight leaves int64 (weight {weight} x max "
+                f"|value| {peak} = {float(term_bound):.3g}, beyond 2^63 - 1)"
+            )
+        values = vector.astype(np.int64, copy=False)
+        term = values if weight == 1 else weight * values  # x 1 is exact: skip the copy
+        if self._bound + term_bound <= INT64_MAX:
+            self.total += term
+            self._bound += term_bound
+            return
+        self.total, self._bound = checked_add(
+            self.total,
+            self._bound,
+            term,
+            term_bound,
+            "the round's integer updates",
+            f"integer updates too large to add up over {self.count + 1} clients",
+        )
 
     def result(self) -> np.ndarray:
         if self.total is None or (self.normalize and self.weight_sum <= 0):

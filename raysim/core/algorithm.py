@@ -139,6 +139,7 @@ REQUIRED_METHODS = ("init_server", "server_payload", "client_update", "server_up
 #         client's `client_update` then receives `(broadcast_payload, personal_payload)`.
 # In-task reduction (updates too large to send one per client):
 #     def task_reducer(self, ctx) -> reducer with .add(update: ClientUpdate) -> reason | None
+#         (with `client_payload`: .add(update, sent), `sent` = that client's personal payload)
 #         and .result() -> message; the task returns one ReducedUpdate instead of its updates.
 #     def merge_reduced(self, accumulated | None, message, ctx) -> accumulated;
 #         folded on the server in task order, must be exact (integer) so packing cannot matter.

@@ -85,7 +85,13 @@ def train_clients(
             problem = (
                 samples_problem(update.num_samples, len(rows))
                 or metrics_problem(update.metrics)
-                or reducer.add(update)
+                # with personal payloads, also what this client was sent (FedAwS: its own
+                # class's row, the only row it may write back)
+                or (
+                    reducer.add(update)
+                    if personal_payloads is None
+                    else reducer.add(update, personal_payloads[position])
+                )
             )
             if problem is not None:
                 reduced.rejected.append((int(update.client_id), problem))

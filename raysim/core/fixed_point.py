@@ -7,6 +7,12 @@ and either backend give the same total bit for bit. The resolution 2^-32 is far 
 float32's resolution of the weights being updated; |v * w| must stay below 2^20 (2^52 / 2^32:
 exact in float64), and up to 2^11 such terms fit int64.
 
+Beyond 2^11 terms near that limit an int64 sum would wrap around silently (a huge positive
+total read as a negative one). Every sum here therefore carries an upper bound of its largest
+magnitude (a Python int: the sum of its terms' bounds). While the bounds say the result fits,
+the sum is plain numpy addition (no extra pass over the data); only when they say it might not
+is it checked exactly, and a sum that leaves int64 raises SumOverflowError instead of wrapping.
+
 This module imports nothing from raysim.algorithms.
 """
 
@@ -16,15 +22,33 @@ import math
 
 import numpy as np
 
+from raysim.errors import RaysimError
+
 FIXED_POINT_BITS = 32
 FIXED_SCALE = float(2**FIXED_POINT_BITS)
 # |value * weight| * 2^32 must stay below 2^52 (exact in float64; 2^11 such terms fit int64).
 FIXED_LIMIT = float(2**52)
+# A float32 value (24-bit significand) times an integer weight below 2^29 is exact in float64.
+MAX_FIXED_WEIGHT = 2**29
+INT64_MAX = 2**63 - 1
+_LOW_BITS = 32
+_LOW_MASK = np.int64(2**_LOW_BITS - 1)
+
+
+class SumOverflowError(RaysimError):
+    """An exact integer sum (fixed-point updates, integer votes) would leave int64's range."""
 
 
 def to_fixed(values: np.ndarray, weight: int, client_id: int) -> np.ndarray:
     """round(values * weight * 2^32) as int64, exactly (float32 x integer fits float64)."""
+    return to_fixed_bounded(values, weight, client_id)[0]
+
+
+def to_fixed_bounded(values: np.ndarray, weight: int, client_id: int) -> tuple[np.ndarray, int]:
+    """`to_fixed` and an upper bound of the result's largest magnitude (at most 2^52), from
+    the maximum the range check computes anyway: the bound costs nothing."""
     scaled = values.astype(np.float64) * (float(weight) * FIXED_SCALE)
+    peak = 0.0
     if scaled.size:
         peak = float(np.max(np.abs(scaled)))
         if not math.isfinite(peak) or peak >= FIXED_LIMIT:
@@ -33,7 +57,8 @@ def to_fixed(values: np.ndarray, weight: int, client_id: int) -> np.ndarray:
                 f"(max |value x samples| = {peak / FIXED_SCALE:.3g}; limit 2^20): did local "
                 f"training diverge? lower clients.lr"
             )
-    return np.rint(scaled).astype(np.int64)
+    # rint(x) is at most ceil(|x|) in magnitude
+    return np.rint(scaled).astype(np.int64), math.ceil(peak)
 
 
 def exceeds_fixed_range(values: np.ndarray, weight: int) -> bool:
@@ -41,14 +66,73 @@ def exceeds_fixed_range(values: np.ndarray, weight: int) -> bool:
     return float(np.max(np.abs(values))) * weight * FIXED_SCALE >= FIXED_LIMIT
 
 
-def sum_rows_by_id(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sum int64 rows that share an id (exact, so the order of `ids` does not matter)."""
+def peak_of(values: np.ndarray) -> int:
+    """The largest magnitude of an integer array, exactly (a Python int; 0 when empty)."""
+    if not values.size:
+        return 0
+    return max(int(values.max()), -int(values.min()))
+
+
+# What to do about an overflowing sum of fixed-point updates (FedAwS): each client is already
+# held to |value x samples| < 2^20, so only many clients near that limit get here.
+FIXED_POINT_HINT = (
+    "too many clients with updates near the limit |value x samples| < 2^20: did local "
+    "training diverge? lower clients.lr or clients.per_round"
+)
+
+
+def _overflow(what: str, bound: int, hint: str) -> SumOverflowError:
+    return SumOverflowError(
+        f"the exact int64 sum of {what} overflows (its terms add up to magnitudes near "
+        f"{float(bound):.3g}, beyond 2^63): {hint}"
+    )
+
+
+def checked_add(
+    a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int, what: str, hint=FIXED_POINT_HINT
+) -> tuple[np.ndarray, int]:
+    """(a + b, a bound of its largest magnitude), exact, or SumOverflowError.
+
+    `a_bound`, `b_bound`: upper bounds of max |a|, max |b|. When their sum fits int64 this is
+    a plain `a + b`; otherwise the sum is checked for wrap-around (a signed sum overflowed
+    exactly where both operands' signs differ from the result's), and its bound recomputed
+    exactly so that later sums take the plain path again when they can."""
+    if a_bound + b_bound <= INT64_MAX:
+        return a + b, a_bound + b_bound
+    total = a + b  # may wrap: checked before it is returned
+    if (((a ^ total) & (b ^ total)) < 0).any():
+        raise _overflow(what, a_bound + b_bound, hint)
+    return total, peak_of(total)
+
+
+def sum_rows_by_id(
+    ids: np.ndarray, rows: np.ndarray, bound: int | None, what: str
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(ids, sums of the int64 rows sharing each id, a bound of the sums' largest magnitude),
+    exact, so the order of `ids` does not matter.
+
+    `bound`: an upper bound of the sum of the rows' largest magnitudes (None: computed, one
+    pass); while it fits int64 no group's sum can overflow and the sum is a plain `add.at`.
+    Otherwise the sum is done exactly on the high and low 32 bits apart (neither can wrap for
+    fewer than 2^31 rows) and a group whose total leaves int64 raises SumOverflowError."""
     if not len(ids):
-        return ids.astype(np.int64), rows
+        return ids.astype(np.int64), rows, 0
+    if bound is None:
+        bound = len(rows) * peak_of(rows)
     unique, inverse = np.unique(ids, return_inverse=True)
     total = np.zeros((len(unique), *rows.shape[1:]), dtype=np.int64)
-    np.add.at(total, inverse, rows)
-    return unique, total
+    if bound <= INT64_MAX:
+        np.add.at(total, inverse, rows)
+        return unique, total, bound
+    # rows = high * 2^32 + low with high in [-2^31, 2^31) and low in [0, 2^32)
+    high = np.zeros_like(total)
+    np.add.at(high, inverse, rows >> _LOW_BITS)
+    np.add.at(total, inverse, rows & _LOW_MASK)  # the low parts' sums, carries included
+    high += total >> _LOW_BITS
+    if ((high < -(2**31)) | (high >= 2**31)).any():
+        raise _overflow(what, bound, FIXED_POINT_HINT)
+    total = (high << _LOW_BITS) | (total & _LOW_MASK)
+    return unique, total, peak_of(total)
 
 
 def concat_rows(parts: list[np.ndarray], shape_tail: tuple[int, ...], dtype) -> np.ndarray:

@@ -19,27 +19,61 @@ from raysim.core.sampling import model_init_seed
 _MODEL_CACHE: dict[str, nn.Module] = {}
 
 
+# The most parameters a model may have: 2^32 float32 values are 16 GiB, before gradients and
+# optimizer state. A config asking for more (say `model.hidden: [1000000000000]`) is a typo,
+# and building it would end in an allocation traceback instead of a line naming the key.
+MAX_MODEL_PARAMETERS = 2**32
+
+
+def _build(ctx) -> nn.Module:
+    model_config = ctx.config.model
+    try:
+        if ctx.num_features is not None:  # sparse bag-of-words input: the vocabulary size
+            return registry.models.build(
+                model_config.name,
+                ctx.input_shape,
+                ctx.num_classes,
+                ctx.num_features,
+                **model_config.options,
+            )
+        return registry.models.build(
+            model_config.name, ctx.input_shape, ctx.num_classes, **model_config.options
+        )
+    except ValueError as error:
+        from raysim.errors import ConfigError
+
+        raise ConfigError(f"model '{model_config.name}': {error}") from None
+
+
+def _check_size(ctx) -> None:
+    """Count the model's parameters on the meta device (no memory, no random draws) and refuse
+    a model beyond MAX_MODEL_PARAMETERS. A model plug-in that cannot be built there (it
+    computes on its tensors while building) is not counted; it is built as usual."""
+    from raysim.errors import ConfigError
+
+    try:
+        with torch.device("meta"):
+            model = _build(ctx)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - not buildable on meta: the real build decides
+        return
+    count = sum(parameter.numel() for parameter in model.parameters())
+    if count > MAX_MODEL_PARAMETERS:
+        options = ", ".join(f"{k}={v!r}" for k, v in ctx.config.model.options.items())
+        raise ConfigError(
+            f"model '{ctx.config.model.name}' ({options or 'defaults'}) would have {count:,} "
+            f"parameters, more than {MAX_MODEL_PARAMETERS:,} (16 GiB of float32); check "
+            "model.hidden and the other model options"
+        )
+
+
 def build_model(ctx) -> nn.Module:  # ctx: raysim.core.algorithm.RunContext
     """A freshly initialised model; the init depends only on the run seed."""
-    model_config = ctx.config.model
+    _check_size(ctx)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(model_init_seed(ctx.seed))
-        try:
-            if ctx.num_features is not None:  # sparse bag-of-words input: the vocabulary size
-                return registry.models.build(
-                    model_config.name,
-                    ctx.input_shape,
-                    ctx.num_classes,
-                    ctx.num_features,
-                    **model_config.options,
-                )
-            return registry.models.build(
-                model_config.name, ctx.input_shape, ctx.num_classes, **model_config.options
-            )
-        except ValueError as error:
-            from raysim.errors import ConfigError
-
-            raise ConfigError(f"model '{model_config.name}': {error}") from None
+        return _build(ctx)
 
 
 def cached_model(ctx, device: torch.device | None = None) -> nn.Module:

@@ -447,6 +447,8 @@ class ServerActor:
                 try:
                     updates, task_s, node_id = ray.get(done[0])
                 except ray.exceptions.RayTaskError as error:
+                    if isinstance(error.cause, RaysimError):  # bad input found in the task
+                        raise error.cause from None  # (e.g. a sum leaving int64): one line
                     if not isinstance(error.cause, InjectedClientFailure):
                         raise  # an error in the client code itself: a bug, not a fault
                     failed(client_ids, attempts, error.cause.client_id)
@@ -617,6 +619,8 @@ class RayBackend:
             return ray.get(call)
         except ray.exceptions.RayTaskError as error:
             cause = error.cause
+            if isinstance(cause, RaysimError):  # the user's input, as on the local backend:
+                raise cause from None  # one line, not Ray's wrapped traceback
             if isinstance(cause, ray.exceptions.RayError) and not isinstance(
                 cause, ray.exceptions.RayTaskError
             ):
