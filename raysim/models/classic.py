@@ -54,6 +54,17 @@ def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]
     return tuple(int(s) for s in input_shape)  # type: ignore[return-value]
 
 
+def layer_widths(hidden: Sequence[int]) -> list[int]:
+    """`model.hidden` as a list of layer widths, each a whole number >= 1 (torch would accept
+    0 and fail on negatives with a traceback)."""
+    if isinstance(hidden, int | str) or not isinstance(hidden, Sequence):
+        raise ValueError(f"option 'hidden' must be a list of layer widths, got {hidden!r}")
+    for size in hidden:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"option 'hidden' must hold whole numbers >= 1, got {list(hidden)}")
+    return [int(size) for size in hidden]
+
+
 def mlp(
     input_shape: Sequence[int],
     num_classes: int,
@@ -66,7 +77,7 @@ def mlp(
     width = 1
     for size in input_shape:
         width *= int(size)
-    for size in hidden:
+    for size in layer_widths(hidden):
         layers += [nn.Linear(width, int(size)), nn.ReLU()]
         width = int(size)
     layers.append(nn.Linear(width, num_classes))

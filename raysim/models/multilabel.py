@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from raysim.models.classic import layer_widths
+
 
 def mlp_bn(
     input_shape: Sequence[int], num_classes: int, *, hidden: Sequence[int] = (128,)
@@ -19,7 +21,7 @@ def mlp_bn(
     for size in input_shape:
         width *= int(size)
     layers: list[nn.Module] = [nn.Flatten()]
-    for size in hidden:
+    for size in layer_widths(hidden):
         layers += [nn.Linear(width, int(size)), nn.BatchNorm1d(int(size)), nn.ReLU()]
         width = int(size)
     layers.append(nn.Linear(width, num_classes))

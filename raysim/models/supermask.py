@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn import functional
 
 from raysim.errors import ConfigError
+from raysim.models.classic import layer_widths
 
 WEIGHT_INITS = ("signed_kaiming_constant", "kaiming_normal", "kaiming_uniform")
 
@@ -175,7 +176,7 @@ def _image_shape(input_shape: Sequence[int], name: str) -> tuple[int, int, int]:
 def _mlp(input_shape, num_classes, layer_options, *, hidden: Sequence[int] = (128,)):
     layers: list[nn.Module] = [nn.Flatten()]
     width = int(math.prod(int(s) for s in input_shape))
-    for size in hidden:
+    for size in layer_widths(hidden):
         layers += [SupermaskLinear(width, int(size), **layer_options), nn.ReLU()]
         width = int(size)
     layers.append(SupermaskLinear(width, num_classes, **layer_options))

@@ -3,6 +3,7 @@ print one JSON line per case: its name, how it ended, its message, the child's p
 bytes of input it wrote, and its seconds. tests/test_hostile_corpus.py judges the lines.
 
 python -c "import sys; sys.path.insert(0, 'tests'); from corpus.runner import main; main()"
+(main(["message/", "resume/"]) runs the cases whose names start so.)
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import pkgutil
 import resource
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import traceback
@@ -118,7 +118,8 @@ def run_case(case: corpus.Case) -> dict:
     return json.loads(b"".join(chunks))
 
 
-def main() -> None:
+def main(selected: list[str] | None = None) -> None:
+    """Run every case (or those whose names start with one of `selected`)."""
     import numpy  # noqa: F401 - what a run has imported before it reads anything
     import torch  # noqa: F401
 
@@ -127,7 +128,6 @@ def main() -> None:
     cases = all_cases(warm=True)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"baseline_rss_bytes": baseline}), flush=True)
-    selected = sys.argv[1:]
     for case in cases:
         if selected and not any(case.name.startswith(prefix) for prefix in selected):
             continue

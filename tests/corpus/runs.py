@@ -81,7 +81,30 @@ CONFIG_CASES = [
     _override(["clients.lrr=0.1"], "unknown-key"),
     _override(["clients.lr=[1, 2"], "unclosed-bracket"),
     _override(["run.rounds=1e400"], "overflowing-float"),
-    _override(["model={name: mlp, hidden: [-3]}"], "negative-hidden-size"),
+]
+
+
+def _model(overrides: list[str], name: str) -> Case:
+    """A model option that only the model's build can judge (as a run's start does)."""
+
+    def run(folder: Path) -> str:
+        from raysim.core.loop import run_context
+        from raysim.models.vector import build_model
+
+        cfg = config_module.load(DIGITS, [*SMALL, *overrides])
+        build_model(run_context(cfg, _digits()))
+        return "accepted"
+
+    return Case(f"model/{name}", run)
+
+
+CONFIG_CASES += [
+    _model(["model.hidden=[-3]"], "negative-hidden-size"),
+    _model(["model.hidden=[0]"], "zero-hidden-size"),
+    _model(["model.hidden=[16, 2.5]"], "fractional-hidden-size"),
+    _model(["model.hidden=[1000000000000]"], "a-trillion-hidden-units"),
+    _model(["model.hidden=[100000, 100000]"], "ten-billion-parameters"),
+    _model(["model.name=lenet"], "lenet-on-flat-digits"),
 ]
 
 
