@@ -295,14 +295,13 @@ def written_fingerprint(config_path: Path) -> str | None:
 
 
 def check_state(state: ServerState, template: ServerState) -> str | None:
-    """Why a restored state cannot continue this run, None if it can: the arrays of the run's
-    initial state (`template`), each with its shape and dtype, and finite."""
+    """Why a restored state cannot continue this run, None if it can: it holds every array of
+    the run's initial state (`template`) with its shape and dtype, and all its float arrays are
+    finite. Arrays the initial state lacks are allowed (the client state store's
+    `client_state/...` entries grow as clients write; a plug-in may add slots lazily)."""
     missing = sorted(set(template.arrays) - set(state.arrays))
     if missing:
         return f"it lacks array(s) {', '.join(missing)}"
-    extra = sorted(set(state.arrays) - set(template.arrays))
-    if extra:
-        return f"it holds array(s) {', '.join(extra)} this run does not have"
     for name, expected in template.arrays.items():
         value = np.asarray(state.arrays[name])
         expected = np.asarray(expected)
@@ -311,6 +310,8 @@ def check_state(state: ServerState, template: ServerState) -> str | None:
                 f"array '{name}' is {value.dtype}{list(value.shape)} where this run's is "
                 f"{expected.dtype}{list(expected.shape)}"
             )
+    for name, value in state.arrays.items():
+        value = np.asarray(value)
         if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
             return f"array '{name}' holds non-finite values"
     return None

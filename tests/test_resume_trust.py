@@ -105,7 +105,7 @@ def _forge(path, arrays, meta):
     path.write_bytes(buffer.getvalue())
 
 
-@pytest.mark.parametrize("damage", ["nan", "wrong-size", "wrong-dtype", "missing", "extra"])
+@pytest.mark.parametrize("damage", ["nan", "wrong-size", "wrong-dtype", "missing", "extra-nan"])
 def test_a_checkpoint_with_nan_wrong_size_or_missing_arrays_falls_back(
     digits_config, whole, tmp_path, capsys, damage
 ):
@@ -120,7 +120,7 @@ def test_a_checkpoint_with_nan_wrong_size_or_missing_arrays_falls_back(
         "wrong-size": {"params": params[:-1]},
         "wrong-dtype": {"params": params.astype(np.float64)},
         "missing": {},
-        "extra": {"params": params, "momentum": params},
+        "extra-nan": {"params": params, "momentum": np.full_like(params, np.nan)},
     }[damage]
     _forge(out / "checkpoints" / "round_000006.npz", arrays, {**meta, "round": 6})
     result = resume(out, progress=False, tensorboard=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import io
 import json
 import math
 import operator
@@ -95,6 +96,111 @@ def _shape_option(key: str, value: Any) -> tuple[int, ...]:
             raise ConfigError(f"'data.{key}' must be a list of positive integers, got {value!r}")
         shape.append(int(item))
     return tuple(shape)
+
+
+# --- reading data files -------------------------------------------------------------------------
+#
+# Every reader opens its files through `open_regular_file` (or `read_regular_file`): a FIFO, a
+# device or a directory where a data file is expected would block the reader forever or stream
+# without end, so only regular files are opened, and each format has a size bound, checked
+# before a byte is read, so that a sparse or absurd file is refused instead of filling memory.
+# The readers then check each header against what the file can hold before they allocate.
+
+_FILE_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _regular_file_problem(path: str, what: str, info: os.stat_result) -> DataError | None:
+    if stat.S_ISREG(info.st_mode):
+        return None
+    kind = _FILE_KINDS.get(stat.S_IFMT(info.st_mode), "another kind of file")
+    return DataError(f"{path} is not a regular file but {kind} (expected the {what})")
+
+
+def open_regular_file(
+    path: str | os.PathLike, what: str, max_bytes: int | None, *, missing: str | None = None
+) -> tuple[Any, int]:
+    """(binary handle, size) of `path` if it is a regular file of at most `max_bytes` bytes.
+
+    Anything else is one DataError naming the path: `missing` (or "<what> not found: <path>")
+    when it does not exist. The path is checked with stat before it is opened (so a device is
+    never opened), then opened non-blocking (a FIFO swapped in meanwhile cannot block the open)
+    and checked again on the open descriptor, which is the file that will be read.
+    """
+    path = os.fspath(path)
+    try:
+        problem = _regular_file_problem(path, what, os.stat(path))
+        if problem is not None:
+            raise problem
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise DataError(missing or f"{what} not found: {path}") from None
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise DataError(f"cannot read {what} {path}: {reason}") from None
+    try:
+        info = os.fstat(fd)
+        problem = _regular_file_problem(path, what, info)
+        if problem is not None:
+            raise problem
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise DataError(
+                f"{path}: {info.st_size:,} bytes is more than a {what} may have "
+                f"({max_bytes:,} bytes); is this the right file?"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), info.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_file(
+    path: str | os.PathLike, what: str, max_bytes: int, *, missing: str | None = None
+) -> bytes:
+    """The content of a regular file of at most `max_bytes` bytes (see `open_regular_file`)."""
+    handle, size = open_regular_file(path, what, max_bytes, missing=missing)
+    try:
+        with handle:
+            # read(n) allocates n bytes up front: ask for the size stat gave (one more byte
+            # tells a file that grew meanwhile), never for the bound.
+            content = handle.read(size + 1)
+    except OSError as error:
+        raise DataError(f"cannot read {what} {os.fspath(path)}: {error}") from None
+    if len(content) > size:
+        raise DataError(f"{os.fspath(path)}: the {what} changed while it was read")
+    return content
+
+
+def path_under(folder: str, name: str, what: str, source: str) -> str:
+    """`folder/name` for a file name read from a data file (`source`), refused when it is
+    absolute or climbs out of `folder` with '..': a data file names files in its own folder
+    and must not make raysim read others. Symbolic links inside the folder are followed (a
+    user may link a dataset in from elsewhere); containment is checked on the path as written.
+    """
+    base = os.path.normpath(folder)
+    path = os.path.normpath(os.path.join(base, name))
+    if os.path.isabs(name) or os.path.commonpath([base, path]) != base or path == base:
+        raise DataError(
+            f"{source}: {what} {name[:200]!r} is not a file name inside {folder} (absolute "
+            f"paths and '..' are refused)"
+        )
+    return path
+
+
+def ascii_uint(text: str) -> int | None:
+    """The value of `text` if it is ASCII digits only, else None. str.isdigit alone accepts
+    digits such as '²' that int() refuses; beyond 18 digits (more than any count or id a data
+    file may hold) the value is clamped to 10**18, since int() refuses more than 4,300 digits
+    and each digit would cost time. Callers print `text` itself in their messages."""
+    if not text or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text) if len(text) <= 18 else 10**18
 
 
 def _how_to_obtain(name: str, root: str) -> str:
@@ -213,9 +319,12 @@ def load_synthetic_classification(
 
 
 def _find_file(directory: str, filename: str, name: str, root: str) -> str:
-    for candidate in (filename, filename + ".gz"):
-        path = os.path.join(directory, candidate)
+    candidates = [os.path.join(directory, file) for file in (filename, filename + ".gz")]
+    for path in candidates:
         if os.path.isfile(path):
+            return path
+    for path in candidates:
+        if os.path.lexists(path):  # a FIFO, folder, ... there: the reader refuses it by name
             return path
     raise DataError(
         f"dataset '{name}': file not found: {os.path.join(directory, filename)} (or .gz); "
@@ -233,12 +342,11 @@ def _read_idx(path: str, expected_dims: int) -> np.ndarray:
     The header is checked before the data is read, and the data size it promises against the
     file (or, for .gz, what its compressed size can hold), so a hostile or broken file costs
     at most the memory its true contents need."""
+    raw_handle, file_size = open_regular_file(path, "idx file", None)
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise DataError(f"{path} is not a regular file")
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rb") as handle:
+        with (
+            gzip.GzipFile(fileobj=raw_handle, mode="rb") if path.endswith(".gz") else raw_handle
+        ) as handle:
             head = handle.read(4)
             if len(head) < 4 or head[0] != 0 or head[1] != 0:
                 raise DataError(
@@ -257,15 +365,17 @@ def _read_idx(path: str, expected_dims: int) -> np.ndarray:
             shape = tuple(int.from_bytes(sizes[4 * i : 4 * i + 4], "big") for i in range(dims))
             payload = math.prod(shape)  # exact: np.prod would wrap around for huge shapes
             header = 4 + 4 * dims
-            limit = info.st_size * _GZIP_MAX_RATIO if path.endswith(".gz") else info.st_size
+            limit = file_size * _GZIP_MAX_RATIO if path.endswith(".gz") else file_size
             if header + payload > limit:
                 raise DataError(
                     f"{path}: idx header says shape {shape} ({header + payload} bytes in all) "
-                    f"but the file has {info.st_size} bytes (truncated or corrupted?)"
+                    f"but the file has {file_size} bytes (truncated or corrupted?)"
                 )
             raw = handle.read(payload + 1)  # one more: a longer file is caught too
     except (OSError, EOFError, zlib.error) as error:  # zlib.error: a corrupted .gz stream
         raise DataError(f"cannot read {path}: {error} (truncated or corrupted?)") from None
+    finally:
+        raw_handle.close()
     if len(raw) != payload:
         size = header + len(raw) if len(raw) <= payload else "more than that"
         raise DataError(
@@ -305,60 +415,253 @@ def load_mnist(root: str | None, seed: int) -> Dataset:
 
 # --- CIFAR (torchvision layout, python pickle batches) ------------------------------------------
 
-# What a CIFAR python batch may reference: containers, bytes, and numpy array reconstruction.
-# Python 2 module names ('__builtin__', 'copy_reg') appear in the original files.
-_ALLOWED_GLOBALS = {
-    ("builtins", "dict"),
-    ("builtins", "list"),
-    ("builtins", "bytes"),
-    ("builtins", "str"),
-    ("__builtin__", "dict"),
-    ("__builtin__", "list"),
-    ("__builtin__", "bytes"),
-    ("__builtin__", "str"),
-    ("_codecs", "encode"),
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "scalar"),
-}
+# A CIFAR python batch is a few dozen MB (CIFAR-100's train file, re-pickled by Python 3 with
+# protocol 2, about 230 MB); a file far larger is not one, and is refused before it is read.
+_CIFAR_MAX_BYTES = 1 << 30
+# What the allowed constructors may build, in bytes per byte of the file (plus 1 MiB): a real
+# batch builds each array once, from bytes the file holds (twice with Python 3's protocol-2
+# round trip through latin1 text). More means the pickle multiplies what it holds - e.g.
+# `_codecs.encode(..., 'hex')` nested doubles its input each time: 1.6 KB -> 3.6 GB.
+_CIFAR_BUILD_RATIO = 4
+_CIFAR_BUILD_SLACK = 1 << 20
+_LATIN1_NAMES = {"latin1", "latin-1", "latin_1", "iso-8859-1", "iso8859-1", "iso8859_1", "l1"}
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Unpickler that can build dicts, lists, bytes and numpy arrays - and nothing else.
+class _NdarrayClass:
+    """Stands for numpy.ndarray in a pickle, where it is only ever the first argument of
+    `_reconstruct`: the class itself is not handed out, so no opcode can call it or its
+    __new__ with a shape of the pickle's choosing."""
 
-    A pickle can run arbitrary code when loaded; a CIFAR batch only needs these few globals, so
-    anything else (e.g. os.system) means the file is not what it claims and is refused.
+
+_NDARRAY = _NdarrayClass()
+
+
+def _simple_dtype(dtype: Any) -> bool:
+    """A plain numeric dtype (no objects, fields or sub-arrays): all a CIFAR batch has, and the
+    only kind whose arrays numpy builds from raw bytes alone (object arrays can crash it)."""
+    return (
+        isinstance(dtype, np.dtype)
+        and dtype.kind in "biufc"
+        and not dtype.hasobject
+        and dtype.fields is None
+        and dtype.subdtype is None
+    )
+
+
+class _RestrictedUnpickler(pickle._Unpickler):
+    """Unpickler that can build dicts, lists, bytes and numpy arrays - and nothing else - and no
+    more of them than the file holds.
+
+    A pickle can run arbitrary code when loaded; a CIFAR batch only needs a few globals, so
+    anything else (e.g. os.system) means the file is not what it claims and is refused. The
+    globals it may use are not the real ones but checked stand-ins that charge what they build
+    to a budget derived from the file size, and the BUILD opcode (which sets an object's state)
+    accepts only what numpy pickles write for a plain array or dtype. It is the pure-Python
+    unpickler because only that one lets BUILD be checked; a batch has few opcodes (its pixels
+    are one string), so it is as fast here.
     """
 
-    def __init__(self, file: Any, path: str) -> None:
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file: Any, path: str, file_size: int) -> None:
         super().__init__(file, encoding="bytes")
         self.path = path
+        self.budget = _CIFAR_BUILD_RATIO * file_size + _CIFAR_BUILD_SLACK
+        self.file_size = file_size
+        self.built = 0
+        self.safe_globals: dict[tuple[str, str], Any] = {
+            ("_codecs", "encode"): self._encode,
+            ("numpy", "ndarray"): _NDARRAY,
+            ("numpy", "dtype"): self._dtype,
+        }
+        for module in ("builtins", "__builtin__"):  # Python 2 names appear in the originals
+            self.safe_globals.update(
+                {
+                    (module, "bytes"): self._bytes,
+                    (module, "str"): self._str,
+                    (module, "list"): self._list,
+                    (module, "dict"): self._dict,
+                }
+            )
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+            self.safe_globals[(module, "_reconstruct")] = self._reconstruct
+            self.safe_globals[(module, "scalar")] = self._scalar
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in _ALLOWED_GLOBALS:
+        found = self.safe_globals.get((module, name))
+        if found is None:
             raise DataError(
-                f"refusing to load {self.path}: it references {module}.{name}, which a CIFAR "
-                f"batch never contains (only dict, list, bytes, str and numpy arrays are allowed)"
+                f"refusing to load {self.path}: it references {str(module)[:80]}."
+                f"{str(name)[:80]}, which a CIFAR batch never contains (only dict, list, bytes, "
+                f"str and numpy arrays are allowed)"
             )
-        return super().find_class(module, name)
+        return found
+
+    def _refuse(self, what: str) -> DataError:
+        return DataError(
+            f"refusing to load {self.path}: it calls {what}, which a CIFAR batch never does"
+        )
+
+    def _charge(self, nbytes: int) -> None:
+        """Count `nbytes` about to be built; refuse before building past the budget."""
+        self.built += nbytes
+        if self.built > self.budget:
+            raise DataError(
+                f"refusing to load {self.path}: it builds more than {self.budget:,} bytes of "
+                f"objects from {self.file_size:,} bytes of file (a CIFAR batch holds its arrays "
+                f"in the file; this one multiplies them: a pickle bomb?)"
+            )
+
+    # -- the stand-ins for the allowed globals ---------------------------------------------
+
+    def _encode(self, text: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
+        # Python 3 pickles bytes for protocol < 3 as _codecs.encode(latin1 text, 'latin1'):
+        # one byte per character. Other codecs grow their input (hex doubles it) or do more.
+        if not (
+            isinstance(text, str)
+            and isinstance(encoding, str)
+            and encoding.lower() in _LATIN1_NAMES
+            and isinstance(errors, str)
+        ):
+            shown = encoding[:40] if isinstance(encoding, str) else type(encoding).__name__
+            raise self._refuse(
+                f"_codecs.encode({type(text).__name__}, {shown!r}) (only latin1 text to bytes)"
+            )
+        self._charge(len(text))
+        return text.encode("latin-1", errors)
+
+    def _bytes(self, *args: Any) -> bytes:
+        if not args:  # how protocol < 3 pickles b''
+            return b""
+        if len(args) == 1 and isinstance(args[0], bytes | bytearray):
+            self._charge(len(args[0]))
+            return bytes(args[0])
+        raise self._refuse(f"bytes({', '.join(type(a).__name__ for a in args[:3])})")
+
+    def _str(self, *args: Any) -> str:
+        if not args:
+            return ""
+        if len(args) == 1 and isinstance(args[0], str):
+            return args[0]
+        raise self._refuse(f"str({', '.join(type(a).__name__ for a in args[:3])})")
+
+    def _list(self, *args: Any) -> list:
+        if not args:
+            return []
+        if len(args) == 1 and isinstance(args[0], list | tuple):
+            self._charge(8 * len(args[0]))
+            return list(args[0])
+        raise self._refuse(f"list({', '.join(type(a).__name__ for a in args[:3])})")
+
+    def _dict(self, *args: Any) -> dict:
+        if not args:
+            return {}
+        if len(args) == 1 and isinstance(args[0], dict | list | tuple):
+            self._charge(64 * len(args[0]))
+            return dict(args[0])
+        raise self._refuse(f"dict({', '.join(type(a).__name__ for a in args[:3])})")
+
+    def _checked_dtype(self, spec: Any, *args: Any) -> np.dtype:
+        if not isinstance(spec, str | bytes | np.dtype):
+            raise self._refuse(f"numpy.dtype({type(spec).__name__})")
+        dtype = np.dtype(spec, *args)
+        if not _simple_dtype(dtype):
+            raise self._refuse(f"numpy.dtype({str(dtype)[:40]!r}) (only plain numeric dtypes)")
+        return dtype
+
+    def _dtype(self, spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
+        return self._checked_dtype(spec, bool(align), bool(copy))
+
+    def _shape(self, shape: Any) -> tuple[int, ...]:
+        if isinstance(shape, int) and not isinstance(shape, bool):
+            shape = (shape,)
+        if not isinstance(shape, tuple | list) or len(shape) > 32:
+            raise self._refuse(f"an array of shape {type(shape).__name__}")
+        for size in shape:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise self._refuse(f"an array of shape {str(shape)[:60]}")
+        return tuple(shape)
+
+    def _reconstruct(self, subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+        if subtype is not _NDARRAY:
+            raise self._refuse(f"_reconstruct({type(subtype).__name__}, ...)")
+        shape = self._shape(shape)
+        dtype = self._checked_dtype(dtype)
+        self._charge(math.prod(shape) * dtype.itemsize)  # exact: before numpy allocates
+        return np.empty(shape, dtype=dtype)
+
+    def _scalar(self, dtype: Any, data: Any = None) -> Any:
+        if not (_simple_dtype(dtype) and isinstance(data, bytes) and len(data) == dtype.itemsize):
+            raise self._refuse("numpy scalar() with anything but a plain dtype and its bytes")
+        self._charge(len(data))
+        return np.frombuffer(data, dtype=dtype)[0]
+
+    # -- BUILD: only the state numpy pickles write for a plain array or dtype --------------
+
+    def _load_build(self) -> None:
+        state = self.stack.pop()
+        target = self.stack[-1]
+        if isinstance(target, np.ndarray) and type(target) is np.ndarray:
+            self._build_array(target, state)
+        elif isinstance(target, np.dtype) and _simple_dtype(target):
+            # (version, byte order, subarray, names, fields, itemsize, alignment, flags[, meta])
+            if (
+                not isinstance(state, tuple)
+                or len(state) not in (8, 9)
+                or any(part is not None for part in state[2:5])
+            ):
+                raise self._refuse("numpy.dtype.__setstate__ with fields or sub-arrays")
+            target.__setstate__(state)
+        else:
+            raise self._refuse(f"the BUILD of a {type(target).__name__}")
+
+    def _build_array(self, array: np.ndarray, state: Any) -> None:
+        # (version, shape, dtype, is_fortran, raw bytes); version is absent in old pickles
+        if isinstance(state, tuple) and len(state) == 5:
+            parts = state[1:]
+        elif isinstance(state, tuple) and len(state) == 4:
+            parts = state
+        else:
+            raise self._refuse("numpy.ndarray.__setstate__ with a state numpy never writes")
+        shape, dtype, _, raw = parts
+        shape = self._shape(shape)
+        if not _simple_dtype(dtype):
+            raise self._refuse(f"numpy.ndarray.__setstate__ with dtype {str(dtype)[:40]!r}")
+        if not isinstance(raw, bytes) or len(raw) != math.prod(shape) * dtype.itemsize:
+            raise DataError(
+                f"{self.path}: an array's data does not match its shape {shape[:8]} and dtype "
+                f"{dtype} (truncated or corrupted?)"
+            )
+        self._charge(len(raw))  # numpy may copy it (unaligned or byte-swapped data)
+        array.__setstate__(state)
+
+    def _load_by_class(self) -> None:
+        # Instances made by calling a class (NEWOBJ and kin) never occur in a batch: arrays,
+        # dtypes and scalars come from the functions above, containers from their opcodes.
+        raise self._refuse("a class to make an object (pickle opcode NEWOBJ, OBJ or INST)")
+
+    dispatch[pickle.BUILD[0]] = _load_build
+    dispatch.update(
+        dict.fromkeys(
+            (pickle.NEWOBJ[0], pickle.NEWOBJ_EX[0], pickle.OBJ[0], pickle.INST[0]), _load_by_class
+        )
+    )
 
 
 def _read_cifar_batch(path: str, label_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    content = read_regular_file(path, "CIFAR python batch", _CIFAR_MAX_BYTES)
     try:
-        with open(path, "rb") as handle:
-            batch = _RestrictedUnpickler(handle, path).load()
+        # From memory: a length in the pickle larger than the file then costs nothing.
+        batch = _RestrictedUnpickler(io.BytesIO(content), path, len(content)).load()
     except DataError:
         raise
-    except OSError as error:
-        raise DataError(f"cannot read {path}: {error}") from None
     except Exception as error:  # any unpickling failure means a truncated or foreign file
         raise DataError(
             f"{path} is not a readable CIFAR python batch (truncated or corrupted?): "
-            f"{type(error).__name__}: {error}"
+            f"{type(error).__name__}: {str(error)[:200]}"
         ) from None
+    finally:
+        del content
     if not isinstance(batch, dict):
         raise DataError(f"{path}: expected a pickled dict, got {type(batch).__name__}")
     batch = {
@@ -416,7 +719,7 @@ def _load_cifar(
         images, labels = [], []
         for filename in split_files:
             path = os.path.join(directory, filename)
-            if not os.path.isfile(path):
+            if not os.path.lexists(path):  # a FIFO or folder there is refused by the reader
                 raise DataError(
                     f"dataset '{name}': file not found: {path}; {tv.how_to_obtain(name, root)}"
                 )
@@ -483,11 +786,19 @@ def _femnist_files(root: str, split: str) -> list[str]:
     )
 
 
+# A JSON data file is at most a few hundred MB (COCO 2014's train annotations: 332 MB); Python
+# holds a parsed file in several times its size, so a larger one is refused before it is read.
+JSON_MAX_BYTES = 2 << 30
+
+
 def read_json_file(path: str, kind: str) -> Any:
     """A JSON data file, every failure one DataError naming the file (and line, if known)."""
+    content = read_regular_file(path, f"{kind} file", JSON_MAX_BYTES)
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+        text = content.decode("utf-8")
+        del content
+        # As text-mode open() would read it: universal newlines (the error's line numbers)
+        return json.loads(text.replace("\r\n", "\n").replace("\r", "\n"))
     except json.JSONDecodeError as error:
         raise DataError(
             f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
@@ -511,7 +822,13 @@ def _read_leaf_file(path: str) -> tuple[list[str], dict]:
     users, user_data = content["users"], content["user_data"]
     if not isinstance(users, list) or not isinstance(user_data, dict):
         raise DataError(f"{path}: 'users' must be a list and 'user_data' an object")
-    return [str(user) for user in users], user_data
+    names = [str(user) for user in users]
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:  # the writer's samples would be read twice
+            raise DataError(f"{path}: user {name[:60]!r} is listed twice in 'users'")
+        seen.add(name)
+    return names, user_data
 
 
 def _leaf_user_arrays(path: str, user: str, user_data: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -539,6 +856,15 @@ def _leaf_user_arrays(path: str, user: str, user_data: dict) -> tuple[np.ndarray
         raise DataError(f"{where}: x must contain only numbers") from None
     if pixels.dtype.kind not in "fiu":
         raise DataError(f"{where}: x must contain only numbers")
+    if pixels.shape != (len(x_rows), 784):
+        # Rows of 784 lists of numbers pass the length check above; reshaped, they would be
+        # read as 784 times as many images as there are labels, misaligned with them.
+        row_number = next(
+            (n for n, row in enumerate(x_rows) if any(isinstance(v, list) for v in row)), 0
+        )
+        raise DataError(
+            f"{where}: x[{row_number}] holds lists, expected 784 numbers (a flattened 28x28 image)"
+        )
     with np.errstate(over="ignore"):
         x = pixels.astype(np.float32).reshape(-1, 1, 28, 28)
     if not np.isfinite(x).all():

@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from raysim.data.datasets import Dataset, _float_option, _int_option, read_json_file
+from raysim.data.datasets import (
+    Dataset,
+    _float_option,
+    _int_option,
+    ascii_uint,
+    open_regular_file,
+    path_under,
+    read_json_file,
+    read_regular_file,
+)
 from raysim.errors import ConfigError, DataError
 
 # --- synthetic ------------------------------------------------------------------------------------
@@ -134,86 +143,144 @@ def _split_arff_name(text: str, path: str, line_number: int) -> tuple[str, str]:
     return parts[0], parts[1].strip()
 
 
-def _nominal_values(kind: str) -> list[str] | None:
+class _Nominal:
+    """A nominal attribute's values, with a dict for the lookup of every value read."""
+
+    def __init__(self, values: list[str]) -> None:
+        self.values = values
+        # {0,1} label/feature attributes keep their numeric meaning; others become an index
+        # (the first, if a value is listed twice).
+        binary = values in (["0", "1"], ["1", "0"])
+        self.codes: dict[str, float] = {}
+        for index, value in enumerate(values):
+            self.codes.setdefault(value, float(value) if binary else float(index))
+
+    def __str__(self) -> str:
+        shown = ", ".join(self.values[:10]) + (", ..." if len(self.values) > 10 else "")
+        return f"{{{shown}}}"
+
+
+def _nominal_values(kind: str) -> _Nominal | None:
     if not (kind.startswith("{") and kind.endswith("}")):
         return None
-    return [v.strip().strip("'\"") for v in kind[1:-1].split(",")]
+    return _Nominal([v.strip().strip("'\"") for v in kind[1:-1].split(",")])
 
 
-def _parse_value(text: str, nominal: list[str] | None, path: str, line_number: int, name: str):
+def _parse_value(text: str, nominal: _Nominal | None, path: str, line_number: int, name: str):
     text = text.strip().strip("'\"")
     if nominal is not None:
-        if text not in nominal:
+        code = nominal.codes.get(text)
+        if code is None:
             raise DataError(
-                f"{path}:{line_number}: value {text!r} of attribute '{name}' is not one of "
-                f"{{{', '.join(nominal)}}}"
+                f"{path}:{line_number}: value {text[:40]!r} of attribute '{name}' is not one of "
+                f"{nominal}"
             )
-        # {0,1} label/feature attributes keep their numeric meaning; others become an index.
-        return float(text) if nominal in (["0", "1"], ["1", "0"]) else float(nominal.index(text))
+        return code
     try:
         value = float(text)
     except ValueError:
         raise DataError(
-            f"{path}:{line_number}: value {text!r} of numeric attribute '{name}' is not a number"
-            + (" (missing values '?' are not supported)" if text == "?" else "")
+            f"{path}:{line_number}: value {text[:40]!r} of numeric attribute '{name}' is not a "
+            f"number" + (" (missing values '?' are not supported)" if text == "?" else "")
         ) from None
     if not np.isfinite(value):
-        raise DataError(f"{path}:{line_number}: value {text!r} of attribute '{name}' is not finite")
+        raise DataError(
+            f"{path}:{line_number}: value {text[:40]!r} of attribute '{name}' is not finite"
+        )
     return value
 
 
+# An ARFF file is at most a few hundred MB (MULAN's largest are tens of MB).
+ARFF_MAX_BYTES = 2 << 30
+# Dense float64 values read_arff may build (2 GiB): sparse rows are densified, so a small file
+# can ask for much (50,000 attributes x 6,000 empty rows "{}" is 1.3 MB of file and 2.4 GB of
+# rows). The same bound as XC_DENSE_LIMIT below: FLAG's models take dense vectors.
+ARFF_DENSE_LIMIT = 1 << 28
+
+
 def read_arff(path: str) -> tuple[str, list[str], np.ndarray]:
-    """(relation, attribute names, float64 data (n, attributes)) of a dense or sparse ARFF."""
+    """(relation, attribute names, float64 data (n, attributes)) of a dense or sparse ARFF.
+
+    The header is read and the rows counted first, so the dense table is checked against
+    ARFF_DENSE_LIMIT before it is allocated (once, and filled row by row in place)."""
+    content = read_regular_file(path, "ARFF file", ARFF_MAX_BYTES)
     try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, UnicodeDecodeError) as error:
+        lines = content.decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
         raise DataError(f"cannot read ARFF file {path}: {error}") from None
-    relation, names, kinds, rows = "", [], [], []
-    in_data = False
+    del content
+    relation, names, kinds = "", [], []
+    declared: dict[str, int] = {}
+    data_start = None
     for line_number, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line or line.startswith("%"):
             continue
         lower = line.lower()
-        if not in_data:
-            if lower.startswith("@relation"):
-                relation = line[len("@relation") :].strip().strip("'\"")
-            elif lower.startswith("@attribute"):
-                name, kind = _split_arff_name(line[len("@attribute") :], path, line_number)
-                nominal = _nominal_values(kind)
-                if nominal is None and kind.lower() not in _NUMERIC_TYPES:
-                    raise DataError(
-                        f"{path}:{line_number}: attribute '{name}' has type {kind!r}; only "
-                        f"numeric, real, integer and nominal {{...}} attributes are supported"
-                    )
-                names.append(name)
-                kinds.append(nominal)
-            elif lower.startswith("@data"):
-                if not names:
-                    raise DataError(f"{path}:{line_number}: @data before any @attribute")
-                in_data = True
-            else:
+        if lower.startswith("@relation"):
+            relation = line[len("@relation") :].strip().strip("'\"")
+        elif lower.startswith("@attribute"):
+            name, kind = _split_arff_name(line[len("@attribute") :], path, line_number)
+            nominal = _nominal_values(kind)
+            if nominal is None and kind.lower() not in _NUMERIC_TYPES:
                 raise DataError(
-                    f"{path}:{line_number}: expected @relation, @attribute or @data, got "
-                    f"{line[:40]!r}"
+                    f"{path}:{line_number}: attribute '{name}' has type {kind[:40]!r}; only "
+                    f"numeric, real, integer and nominal {{...}} attributes are supported"
                 )
-            continue
-        row = np.zeros(len(names))
+            if name in declared:  # which column would a label name mean?
+                raise DataError(
+                    f"{path}:{line_number}: attribute '{name}' is declared twice (first on "
+                    f"line {declared[name]})"
+                )
+            declared[name] = line_number
+            names.append(name)
+            kinds.append(nominal)
+        elif lower.startswith("@data"):
+            if not names:
+                raise DataError(f"{path}:{line_number}: @data before any @attribute")
+            data_start = line_number  # the rows are the lines after this one
+            break
+        else:
+            raise DataError(
+                f"{path}:{line_number}: expected @relation, @attribute or @data, got {line[:40]!r}"
+            )
+    if data_start is None:
+        raise DataError(f"{path}: no @data section (is this an ARFF file?)")
+    row_lines = [
+        number
+        for number in range(data_start + 1, len(lines) + 1)
+        if (text := lines[number - 1].strip()) and not text.startswith("%")
+    ]
+    if not row_lines:
+        raise DataError(f"{path}: the @data section holds no rows")
+    if len(row_lines) * len(names) > ARFF_DENSE_LIMIT:
+        raise DataError(
+            f"{path}: {len(row_lines)} rows x {len(names)} attributes is too large to densify "
+            f"for FLAG (limit {ARFF_DENSE_LIMIT} values); use a smaller dataset"
+        )
+    table = np.zeros((len(row_lines), len(names)))
+    for row_index, line_number in enumerate(row_lines):
+        line = lines[line_number - 1].strip()
+        row = table[row_index]
         if line.startswith("{"):
             if not line.endswith("}"):
                 raise DataError(f"{path}:{line_number}: sparse row must end with '}}'")
+            seen: set[int] = set()
             for item in filter(None, (s.strip() for s in line[1:-1].split(","))):
                 parts = item.split(None, 1)
-                if len(parts) != 2 or not parts[0].isdigit():
+                index = ascii_uint(parts[0]) if len(parts) == 2 else None
+                if index is None:
                     raise DataError(
-                        f"{path}:{line_number}: sparse entry {item!r} is not 'index value'"
+                        f"{path}:{line_number}: sparse entry {item[:40]!r} is not 'index value'"
                     )
-                index = int(parts[0])
                 if index >= len(names):
                     raise DataError(
-                        f"{path}:{line_number}: sparse index {index} >= {len(names)} attributes"
+                        f"{path}:{line_number}: sparse index {parts[0][:20]} >= {len(names)} "
+                        f"attributes"
                     )
+                if index in seen:  # which of the two values would be meant?
+                    raise DataError(f"{path}:{line_number}: sparse index {index} is given twice")
+                seen.add(index)
                 row[index] = _parse_value(parts[1], kinds[index], path, line_number, names[index])
         else:
             values = line.split(",")
@@ -223,19 +290,20 @@ def read_arff(path: str) -> tuple[str, list[str], np.ndarray]:
                 )
             for index, text in enumerate(values):
                 row[index] = _parse_value(text, kinds[index], path, line_number, names[index])
-        rows.append(row)
-    if not in_data:
-        raise DataError(f"{path}: no @data section (is this an ARFF file?)")
-    if not rows:
-        raise DataError(f"{path}: the @data section holds no rows")
-    return relation, names, np.stack(rows)
+    return relation, names, table
+
+
+MULAN_XML_MAX_BYTES = 64 << 20  # a labels file names a few thousand labels at most
 
 
 def read_mulan_labels(path: str) -> list[str]:
     """Label names from a MULAN labels XML file (<label name="..."/>, nested or flat)."""
+    content = read_regular_file(path, "MULAN labels XML", MULAN_XML_MAX_BYTES)
     try:
-        tree = ElementTree.parse(path)
-    except (OSError, ElementTree.ParseError) as error:
+        # expat refuses entity expansion bombs itself ("billion laughs"), and ElementTree
+        # never fetches external entities.
+        tree = ElementTree.fromstring(content)
+    except ElementTree.ParseError as error:
         raise DataError(f"cannot read MULAN labels XML {path}: {error}") from None
     names = [
         element.get("name") for element in tree.iter() if element.tag.rsplit("}", 1)[-1] == "label"
@@ -268,7 +336,7 @@ def load_arff(
     if not train_file:
         raise ConfigError("dataset 'arff' needs 'data.train_file' (an ARFF file in data.root)")
     train_path = _resolve(root, train_file)
-    if not os.path.isfile(train_path):
+    if not os.path.lexists(train_path):  # a FIFO or folder there is refused by the reader
         raise DataError(f"dataset 'arff': file not found: {train_path}")
     if labels is None and xml_file is None:
         raise ConfigError(
@@ -279,17 +347,19 @@ def load_arff(
         list(labels) if labels is not None else read_mulan_labels(_resolve(root, xml_file))
     )
     _, names, train = read_arff(train_path)
-    missing = [name for name in label_names if name not in names]
+    column = {name: index for index, name in enumerate(names)}  # names are unique (read_arff)
+    missing = [name for name in label_names if name not in column]
     if missing:
         raise DataError(
             f"{train_path}: label attribute(s) {', '.join(map(repr, missing[:5]))} not found "
             f"among its {len(names)} attributes"
         )
-    label_index = [names.index(name) for name in label_names]
-    feature_index = [i for i in range(len(names)) if i not in set(label_index)]
+    label_index = [column[name] for name in label_names]
+    label_columns = set(label_index)
+    feature_index = [i for i in range(len(names)) if i not in label_columns]
     if test_file is not None:
         test_path = _resolve(root, test_file)
-        if not os.path.isfile(test_path):
+        if not os.path.lexists(test_path):
             raise DataError(f"dataset 'arff': file not found: {test_path}")
         _, test_names, test = read_arff(test_path)
         if test_names != names:
@@ -345,6 +415,26 @@ def _coco_field(record: Any, key: str, where: str, path: str, kind: type | tuple
     return value
 
 
+# The image x category label matrix (uint8) read_coco_annotations may build: COCO 2014 needs
+# 82,783 x 80 = 6.6 M cells; the counts come from the file, so a small file listing many images
+# and many categories would otherwise ask for tens of GiB (13 MB of JSON -> 37 GiB).
+COCO_LABEL_LIMIT = 1 << 28
+# Pixels of one image decoded before it is resized (COCO's are at most 640 x 640): a few KB of
+# PNG can declare 20,000 x 20,000 pixels of zeros (a decompression bomb).
+COCO_MAX_IMAGE_PIXELS = 1 << 26
+COCO_IMAGE_MAX_BYTES = 256 << 20
+# The formats PIL may decode here (COCO is JPEG): not every plug-in PIL has (EPS runs
+# Ghostscript, for one) should be reachable from a file a dataset folder holds.
+COCO_IMAGE_FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP", "PPM")
+
+
+def _unique_ids(records: list[tuple[int, str]], field: str, path: str) -> None:
+    """Refuse an id listed twice (records sorted by id): which of the two would it mean?"""
+    for (first, _), (second, _) in zip(records, records[1:], strict=False):
+        if first == second:
+            raise DataError(f"{path}: field '{field}' = {first} is listed twice (ids are unique)")
+
+
 def read_coco_annotations(path: str) -> tuple[list[tuple[int, str]], np.ndarray, list[str]]:
     """(images (id, file_name) sorted by id, multi-hot (n, C) uint8, category names) of an
     `instances_*.json`; categories are ordered by id (COCO 2014: 80 of ids 1..90)."""
@@ -359,6 +449,7 @@ def read_coco_annotations(path: str) -> tuple[list[tuple[int, str]], np.ndarray,
         )
         for i, c in enumerate(content["categories"])
     )
+    _unique_ids(categories, "categories[].id", path)
     column = {category_id: index for index, (category_id, _) in enumerate(categories)}
     images = sorted(
         (
@@ -367,6 +458,12 @@ def read_coco_annotations(path: str) -> tuple[list[tuple[int, str]], np.ndarray,
         )
         for i, image in enumerate(content["images"])
     )
+    _unique_ids(images, "images[].id", path)
+    if len(images) * len(categories) > COCO_LABEL_LIMIT:
+        raise DataError(
+            f"{path}: {len(images)} images x {len(categories)} categories is too large a label "
+            f"matrix (limit {COCO_LABEL_LIMIT} cells; COCO 2014 has 82,783 x 80)"
+        )
     row = {image_id: index for index, (image_id, _) in enumerate(images)}
     labels = np.zeros((len(images), len(categories)), dtype=np.uint8)
     for i, annotation in enumerate(content["annotations"]):
@@ -374,31 +471,66 @@ def read_coco_annotations(path: str) -> tuple[list[tuple[int, str]], np.ndarray,
         image_id = _coco_field(annotation, "image_id", where, path, int)
         category_id = _coco_field(annotation, "category_id", where, path, int)
         if image_id not in row:
-            raise DataError(f"{path}: field '{where}.image_id' = {image_id} is not in 'images'")
+            raise DataError(
+                f"{path}: field '{where}.image_id' = {str(image_id)[:30]} is not in 'images'"
+            )
         if category_id not in column:
             raise DataError(
-                f"{path}: field '{where}.category_id' = {category_id} is not in 'categories'"
+                f"{path}: field '{where}.category_id' = {str(category_id)[:30]} is not in "
+                f"'categories'"
             )
         labels[row[image_id], column[category_id]] = 1
     return images, labels, [name for _, name in categories]
 
 
-def _load_images(folder: str, files: list[str], size: int) -> np.ndarray:
-    """torchvision-style Resize((size, size)) + ToTensor + Normalize(ImageNet) -> NCHW."""
-    from PIL import Image, UnidentifiedImageError
+def _read_image(path: str, size: int) -> Any:
+    """One image as RGB resized to (size, size); every failure one DataError naming the file."""
+    import warnings
 
-    out = np.empty((len(files), 3, size, size), dtype=np.float32)
+    from PIL import Image
+
+    handle, _ = open_regular_file(
+        path, "COCO image", COCO_IMAGE_MAX_BYTES, missing=f"COCO image not found: {path}"
+    )
+    try:
+        with handle, warnings.catch_warnings():
+            # PIL only warns below twice its own pixel limit; refuse, never decode a bomb.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(handle, formats=COCO_IMAGE_FORMATS) as image:
+                width, height = image.size  # from the header: nothing is decoded yet
+                if width * height > COCO_MAX_IMAGE_PIXELS:
+                    raise DataError(
+                        f"COCO image {path} is {width} x {height} pixels, more than "
+                        f"{COCO_MAX_IMAGE_PIXELS:,} (a decompression bomb?)"
+                    )
+                return image.convert("RGB").resize((size, size), Image.BILINEAR)
+    except DataError:
+        raise
+    except Exception as error:  # PIL's plug-ins raise many types on a broken file
+        if isinstance(error, Image.UnidentifiedImageError):
+            reason = f"not a {', '.join(COCO_IMAGE_FORMATS)} image"
+        else:
+            reason = f"{type(error).__name__}: {str(error)[:200]}"
+        raise DataError(f"cannot read COCO image {path}: {reason}") from None
+
+
+def _load_images(folder: str, files: list[str], size: int, source: str = "") -> np.ndarray:
+    """torchvision-style Resize((size, size)) + ToTensor + Normalize(ImageNet) -> NCHW.
+
+    `files` come from the annotations file `source`: each must name a file inside `folder`."""
+    paths = [path_under(folder, name, "file_name", source or folder) for name in files]
+    try:
+        out = np.empty((len(files), 3, size, size), dtype=np.float32)
+    except MemoryError:
+        raise DataError(
+            f"{len(files)} COCO images of {size} x {size} need {len(files) * 12 * size * size:,}"
+            f" bytes, more than this machine has; set data.max_train / data.max_test or a "
+            f"smaller data.image_size"
+        ) from None
     mean = np.asarray(IMAGENET_MEAN, dtype=np.float32)[:, None, None]
     std = np.asarray(IMAGENET_STD, dtype=np.float32)[:, None, None]
-    for index, name in enumerate(files):
-        path = os.path.join(folder, name)
-        try:
-            with Image.open(path) as image:
-                resized = image.convert("RGB").resize((size, size), Image.BILINEAR)
-        except FileNotFoundError:
-            raise DataError(f"COCO image not found: {path}") from None
-        except (OSError, UnidentifiedImageError) as error:
-            raise DataError(f"cannot read COCO image {path}: {error}") from None
+    for index, path in enumerate(paths):
+        resized = _read_image(path, size)
         pixels = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1) / 255.0
         out[index] = (pixels - mean) / std
     return out
@@ -432,7 +564,7 @@ def load_coco(
     names: list[str] = []
     for split, limit in (("train2014", max_train), ("val2014", max_test)):
         annotations = os.path.join(root, "annotations", f"instances_{split}.json")
-        if not os.path.isfile(annotations):
+        if not os.path.lexists(annotations):  # a FIFO or folder there is refused by the reader
             raise DataError(f"dataset 'coco': file not found: {annotations}")
         images, labels, split_names = read_coco_annotations(annotations)
         if names and split_names != names:
@@ -446,7 +578,8 @@ def load_coco(
         if not len(keep):
             raise DataError(f"{annotations}: no (labelled) images")
         files = [images[i][1] for i in keep]
-        arrays.append((_load_images(os.path.join(root, split), files, image_size), labels[keep]))
+        images_x = _load_images(os.path.join(root, split), files, image_size, annotations)
+        arrays.append((images_x, labels[keep]))
     (train_x, train_y), (test_x, test_y) = arrays
     return Dataset("coco", train_x, train_y, test_x, test_y, num_classes=len(names))
 
@@ -474,16 +607,18 @@ def load_xc_multilabel(
     del seed
     train_path, test_path = _resolve(root, train_file), _resolve(root, test_file)
     for path in (train_path, test_path):
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):  # a FIFO or folder there is refused by the reader
             raise DataError(f"dataset 'xc_multilabel': file not found: {path}")
     train = parse_xc_file(train_path)
     test = parse_xc_file(test_path, num_features=train.num_features, num_labels=train.num_labels)
     points = train.num_points + test.num_points
-    if points * train.num_features > XC_DENSE_LIMIT:
-        raise DataError(
-            f"{train_path}: {points} points x {train.num_features} features is too large to "
-            f"densify for FLAG (limit {XC_DENSE_LIMIT} values); use a smaller XC dataset"
-        )
+    # Both dense tables are sized by the header's counts: check them before allocating.
+    for count, name in ((train.num_features, "features"), (train.num_labels, "labels")):
+        if points * count > XC_DENSE_LIMIT:
+            raise DataError(
+                f"{train_path}: {points} points x {count} {name} is too large to densify for "
+                f"FLAG (limit {XC_DENSE_LIMIT} values); use a smaller XC dataset"
+            )
 
     def dense(data) -> np.ndarray:
         x = np.zeros((data.num_points, data.num_features), dtype=np.float32)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -496,12 +497,19 @@ def split_for_run(config: Config, dataset: Dataset) -> PartitionResult:
         path = Path(part.cache_dir) / f"split_{key}.parquet"
         validation_path = path.with_name(f"split_{key}_validation.parquet")
         result = None
-        if path.exists():
-            train, metadata = load_split(path)
+        # Cached splits are input: checked against this dataset and partition.num_clients
+        # like a partitioner's result (split_dataset), refused in one line if they do not fit.
+        if os.path.lexists(path):
+            train, metadata = load_split(
+                path, num_clients=part.num_clients, num_rows=len(dataset.train_y)
+            )
             if not metadata.get("validation"):
                 result = PartitionResult(train)
-            elif validation_path.exists():
-                result = PartitionResult(train, load_split(validation_path)[0])
+            elif os.path.lexists(validation_path):
+                validation, _ = load_split(
+                    validation_path, num_clients=part.num_clients, num_rows=len(dataset.test_y)
+                )
+                result = PartitionResult(train, validation)
         if result is None:
             result = compute()
             metadata = {

@@ -70,7 +70,9 @@ def save_split(path: str | os.PathLike, split: ClientSplit, metadata: dict) -> N
     )
     os.close(handle)
     try:
-        pq.write_table(table, temporary)
+        # Plain encoding (no dictionary): what the file holds then decodes to at most ~21x its
+        # size (snappy's limit), which lets load_split refuse a file that would decode to more.
+        pq.write_table(table, temporary, use_dictionary=False)
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
@@ -78,41 +80,103 @@ def save_split(path: str | os.PathLike, split: ClientSplit, metadata: dict) -> N
         raise
 
 
-def load_split(path: str | os.PathLike) -> tuple[ClientSplit, dict]:
-    """Read a split written by `save_split`; a missing, truncated or foreign file is a DataError."""
+# A split cache file holds 8 bytes per client and per sample; one larger than this is refused.
+SPLIT_MAX_BYTES = 16 << 30
+# What a file save_split writes decodes to, at most, in bytes per byte of file (plain int64
+# values compressed by snappy: ~21x at most), plus 1 MiB for tiny files. A file that declares
+# more values is not one it wrote: refused before Arrow allocates them (a parquet bomb: 1 KB of
+# run-length-encoded zeros can decode to GBs).
+_SPLIT_DECODE_RATIO = 32
+_SPLIT_DECODE_SLACK = 1 << 20
+_SPLIT_COLUMN_TYPE = pa.large_list(pa.int64())
+
+
+def _refuse(path: str, problem: str) -> DataError:
+    return DataError(
+        f"split cache file {path} {problem}; delete it to recompute the split (was it written "
+        f"for another dataset, or altered?)"
+    )
+
+
+def load_split(
+    path: str | os.PathLike, *, num_clients: int | None = None, num_rows: int | None = None
+) -> tuple[ClientSplit, dict]:
+    """Read a split written by `save_split`; a missing, truncated or foreign file is a DataError.
+
+    With `num_clients` and `num_rows` (the dataset's rows the split indexes), the split is also
+    checked against them: that many clients, every row id in [0, num_rows). A cache file is
+    input like any other (a shared folder, an old run, a hand edit): a negative id would
+    silently index from the end and train clients on other samples."""
+    from raysim.data.datasets import open_regular_file
+
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise DataError(f"split cache file not found: {path}")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as error:
-        raise DataError(
-            f"split cache file {path} is unreadable (truncated or corrupted? delete "
-            f"it to recompute the split): {error}"
-        ) from None
-    schema_metadata = table.schema.metadata or {}
-    if (
-        schema_metadata.get(_FORMAT_KEY) != _FORMAT
-        or table.num_rows != 1
-        or {"indices", "offsets"} - set(table.column_names)
-    ):
-        raise DataError(
-            f"{path} is not a raysim split cache file (format "
-            f"{_FORMAT.decode()}); delete it to recompute the split"
-        )
+    handle, size = open_regular_file(
+        path, "split cache file", SPLIT_MAX_BYTES, missing=f"split cache file not found: {path}"
+    )
+    with handle:
+        try:
+            parquet = pq.ParquetFile(handle)
+            schema = parquet.schema_arrow
+            schema_metadata = schema.metadata or {}
+            if (
+                schema_metadata.get(_FORMAT_KEY) != _FORMAT
+                or parquet.metadata.num_rows != 1
+                or {"indices", "offsets"} - set(schema.names)
+            ):
+                raise DataError(
+                    f"{path} is not a raysim split cache file (format "
+                    f"{_FORMAT.decode()}); delete it to recompute the split"
+                )
+            for name in ("indices", "offsets"):
+                if schema.field(name).type != _SPLIT_COLUMN_TYPE:
+                    raise _refuse(
+                        path,
+                        f"has column '{name}' of type {schema.field(name).type}, not "
+                        f"{_SPLIT_COLUMN_TYPE}",
+                    )
+            footer = parquet.metadata
+            values = sum(
+                footer.row_group(group).column(column).num_values
+                for group in range(footer.num_row_groups)
+                for column in range(footer.num_columns)
+            )
+            if 8 * values > _SPLIT_DECODE_RATIO * size + _SPLIT_DECODE_SLACK:
+                raise _refuse(
+                    path,
+                    f"declares {values:,} values in {size:,} bytes, more than a split "
+                    f"cache file holds",
+                )
+            table = parquet.read(columns=["indices", "offsets"])
+        except DataError:
+            raise
+        except (pa.ArrowException, OSError) as error:
+            raise DataError(
+                f"split cache file {path} is unreadable (truncated or corrupted? delete "
+                f"it to recompute the split): {str(error)[:200]}"
+            ) from None
     try:
         metadata = json.loads(schema_metadata.get(_METADATA_KEY, b"{}"))
+        if not isinstance(metadata, dict):
+            raise ValueError(f"its metadata is a JSON {type(metadata).__name__}, not an object")
+        columns = [table.column(name).combine_chunks().flatten() for name in ("indices", "offsets")]
+        if any(column.null_count for column in columns):  # would become NaN, then any integer
+            raise ValueError("it holds null ids")
         indices, offsets = (
-            table.column(name)
-            .combine_chunks()
-            .flatten()
-            .to_numpy(zero_copy_only=False)
-            .astype(np.int64, copy=False)
-            for name in ("indices", "offsets")
+            column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for column in columns
         )
         split = ClientSplit(indices=indices, offsets=offsets)
-    except (ValueError, TypeError, pa.ArrowException) as error:
+    except (ValueError, TypeError, RecursionError, pa.ArrowException) as error:
         raise DataError(
-            f"split cache file {path} is corrupted (delete it to recompute the split): {error}"
+            f"split cache file {path} is corrupted (delete it to recompute the split): "
+            f"{str(error)[:200]}"
         ) from None
+    if num_clients is not None and split.num_clients != num_clients:
+        raise _refuse(path, f"holds {split.num_clients} clients, not the {num_clients} expected")
+    if num_rows is not None and len(split.indices):
+        low, high = int(split.indices.min()), int(split.indices.max())
+        if low < 0 or high >= num_rows:
+            raise _refuse(
+                path,
+                f"holds row id {low if low < 0 else high}, outside [0, {num_rows}) of the dataset",
+            )
     return split, metadata

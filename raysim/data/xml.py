@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.data.datasets import Dataset, _int_option
+from raysim.data.datasets import Dataset, _int_option, ascii_uint, read_regular_file
 from raysim.errors import ConfigError, DataError
 
 XC_REPOSITORY = "http://manikvarma.org/downloads/XC/XMLRepository.html"
@@ -130,25 +130,42 @@ def _missing(path: str) -> DataError:
     return DataError(f"extreme classification file not found: {path}; {_HOW_TO_OBTAIN}")
 
 
-def _read_bytes(path: str) -> bytes:
-    if not os.path.isfile(path):
-        raise _missing(path)
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as error:
-        raise DataError(f"cannot read {path}: {error}") from None
+# The largest files of the repository are a few GB (Amazon-3M's train.txt); the reader holds a
+# file in memory, so one larger than this is refused before it is read.
+XC_MAX_BYTES = 16 << 30
+# Feature ids are int32 (and `num_features` pads them), so counts must fit: a larger header
+# would let ids of 2^31 and more wrap around silently.
+XC_MAX_COUNT = (1 << 31) - 1
 
 
-def _parse_header(path: str, line: bytes) -> tuple[int, int, int]:
+def _read_bytes(path: str, what: str = "extreme classification file") -> bytes:
+    return read_regular_file(path, what, XC_MAX_BYTES, missing=str(_missing(path)))
+
+
+def _parse_header(path: str, line: bytes, body_bytes: int) -> tuple[int, int, int]:
+    """(points, features, labels) of line 1, checked against what the file can hold: each
+    point is a line (at least its newline) of the `body_bytes` after the header, and ids fit
+    int32. Nothing is allocated from the counts before this check."""
     text = line.decode("utf-8", errors="replace").strip()
     parts = text.split()
-    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+    counts = [ascii_uint(part) for part in parts]  # ASCII only: int() refuses '²'
+    if len(parts) != 3 or None in counts:
         raise DataError(
-            f"{path}, line 1: bad header {text!r}: expected 'points features labels' "
+            f"{path}, line 1: bad header {text[:80]!r}: expected 'points features labels' "
             f"(three non-negative integers, e.g. '490449 135909 670091')"
         )
-    points, features, labels = (int(part) for part in parts)
+    points, features, labels = counts
+    for name, count, text_count in zip(("features", "labels"), counts[1:], parts[1:], strict=True):
+        if count > XC_MAX_COUNT:
+            raise DataError(
+                f"{path}, line 1: header says {text_count[:30]} {name}; at most {XC_MAX_COUNT} "
+                f"are supported (ids are 32-bit)"
+            )
+    if points > body_bytes:
+        raise DataError(
+            f"{path}, line 1: header says {parts[0][:30]} points but the file has only "
+            f"{body_bytes} bytes after line 1, at most {body_bytes} lines (truncated file?)"
+        )
     return points, features, labels
 
 
@@ -172,33 +189,34 @@ def _parse_line(
     if tokens and ":" not in tokens[0]:
         label_text = tokens.pop(0)
         for part in label_text.split(","):
-            if not (part.isascii() and part.isdigit()):
+            label = ascii_uint(part)
+            if label is None:
                 raise DataError(
-                    f"{where}: label list {label_text!r} is not comma-separated non-negative "
-                    f"integers (expected e.g. '3,17,42', or nothing before the features)"
+                    f"{where}: label list {label_text[:80]!r} is not comma-separated "
+                    f"non-negative integers (expected e.g. '3,17,42', or nothing before the "
+                    f"features)"
                 )
-            label = int(part)
             if label >= num_labels:
-                raise DataError(f"{where}: label id {label} is out of range [0, {num_labels})")
+                shown = label if label < 10**18 else part[:30] + "..."
+                raise DataError(f"{where}: label id {shown} is out of range [0, {num_labels})")
             labels.append(label)
     ids: list[int] = []
     values: list[float] = []
     for token in tokens:
         id_text, colon, value_text = token.partition(":")
-        if (
-            not colon
-            or not (id_text.isascii() and id_text.isdigit())
-            or not _VALUE.fullmatch(value_text)
-        ):
-            if colon and id_text.isascii() and id_text.isdigit() and _non_finite(value_text):
-                raise DataError(f"{where}: feature {id_text} has a non-finite value {value_text!r}")
+        feature = ascii_uint(id_text)
+        if not colon or feature is None or not _VALUE.fullmatch(value_text):
+            if colon and feature is not None and _non_finite(value_text):
+                raise DataError(
+                    f"{where}: feature {id_text[:30]} has a non-finite value {value_text[:40]!r}"
+                )
             raise DataError(
-                f"{where}: {token!r} is not a feature:value pair (expected "
+                f"{where}: {token[:80]!r} is not a feature:value pair (expected "
                 f"<feature id>:<number>, e.g. '12:0.5')"
             )
-        feature = int(id_text)
         if feature >= num_features:
-            raise DataError(f"{where}: feature id {feature} is out of range [0, {num_features})")
+            shown = feature if feature < 10**18 else id_text[:30] + "..."
+            raise DataError(f"{where}: feature id {shown} is out of range [0, {num_features})")
         value = float(value_text)
         if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
             raise DataError(
@@ -376,7 +394,9 @@ def parse_xc_file(
     header_end = content.find(b"\n")
     if header_end < 0:
         header_end = len(content)
-    points, header_features, header_labels = _parse_header(path, content[:header_end])
+    points, header_features, header_labels = _parse_header(
+        path, content[:header_end], len(content) - header_end
+    )
     for name, given, found in (
         ("features", num_features, header_features),
         ("labels", num_labels, header_labels),
@@ -438,7 +458,7 @@ def parse_xc_file(
 def read_split_file(path: str | os.PathLike, column: int, num_points: int) -> np.ndarray:
     """0-based rows of split `column` from a small-dataset split file (1-based row indices)."""
     path = os.fspath(path)
-    content = _read_bytes(path)
+    content = _read_bytes(path, "extreme classification split file")
     try:
         text = content.decode("utf-8")
     except UnicodeDecodeError:
@@ -454,12 +474,13 @@ def read_split_file(path: str | os.PathLike, column: int, num_points: int) -> np
                 f"was asked for (data.split must be < the number of columns)"
             )
         part = parts[column]
-        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= num_points:
+        row = ascii_uint(part)
+        if row is None or not 1 <= row <= num_points:
             raise DataError(
-                f"{path}, line {number}: {part!r} is not a row index in [1, {num_points}] "
+                f"{path}, line {number}: {part[:30]!r} is not a row index in [1, {num_points}] "
                 f"(split files hold 1-based rows of the data file)"
             )
-        rows.append(int(part) - 1)
+        rows.append(row - 1)
     if not rows:
         raise DataError(f"{path}: no rows (expected one line of 1-based row indices per point)")
     return np.asarray(rows, dtype=np.int64)
