@@ -28,6 +28,7 @@ from raysim import registry
 from raysim.errors import ConfigError, closest
 
 MAX_COUNT = 10**9  # the most rounds, and clients, a config may ask for
+MAX_CONFIG_BYTES = 16 * 2**20  # a config file is a few KB; 16 MB is never one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,8 +287,15 @@ _SECTION_TYPES = {f.name: f for f in dataclasses.fields(Config)}
 def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     """Read a YAML config file and apply `a.b=value` overrides."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}")
+    if not path.is_file():  # a folder, or a FIFO or device whose read could hang or never end
+        raise ConfigError(f"config file {path} is not a regular file")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config file {path} is {path.stat().st_size:,} bytes; a config is a few KB "
+            f"(limit {MAX_CONFIG_BYTES:,})"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:

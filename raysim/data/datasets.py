@@ -74,6 +74,21 @@ def _int_option(key: str, value: Any, minimum: int) -> int:
     return number
 
 
+# The most feature values a synthetic generator makes: 2^30 float32 values are 4 GiB (the
+# largest built-in setting, 4,000,000 x 16 samples, is 2^26). A config asking for more is a
+# typo that would otherwise end in a MemoryError after minutes of drawing.
+GENERATED_VALUES_LIMIT = 2**30
+
+
+def _generated_size(what: str, values: int, lower: str = "data.num_samples") -> None:
+    """Refuse a synthetic dataset of more than GENERATED_VALUES_LIMIT values (one line)."""
+    if values > GENERATED_VALUES_LIMIT:
+        raise ConfigError(
+            f"{what} asks for {values:,} feature values, more than {GENERATED_VALUES_LIMIT:,} "
+            f"(4 GiB of float32); lower {lower}"
+        )
+
+
 def _float_option(key: str, value: Any, *, minimum: float, strict: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | np.number):
         raise ConfigError(f"'data.{key}' must be a number, got {value!r}")
@@ -295,6 +310,11 @@ def load_synthetic_classification(
     shape = _shape_option("sample_shape", sample_shape)
     class_separation = _float_option("class_separation", class_separation, minimum=0.0)
     noise = _float_option("noise", noise, minimum=0.0)
+    _generated_size(
+        "data synthetic_classification",
+        (num_samples + num_test) * math.prod(shape),
+        "data.num_samples, data.num_test or data.sample_shape",
+    )
 
     rng = np.random.default_rng(seed)
     patterns = rng.standard_normal((num_classes, *shape), dtype=np.float32)

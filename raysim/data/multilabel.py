@@ -28,6 +28,7 @@ import numpy as np
 from raysim.data.datasets import (
     Dataset,
     _float_option,
+    _generated_size,
     _int_option,
     ascii_uint,
     open_regular_file,
@@ -77,6 +78,11 @@ def load_synthetic_multilabel(
     num_labels = _int_option("num_labels", num_labels, 2)
     num_features = _int_option("num_features", num_features, 1)
     num_topics = _int_option("num_topics", num_topics, 1)
+    _generated_size(
+        "data synthetic_multilabel",
+        (num_samples + num_test) * num_features,
+        "data.num_samples, data.num_test or data.num_features",
+    )
     max_frequency = _float_option("max_frequency", max_frequency, minimum=0.0, strict=True)
     min_frequency = _float_option("min_frequency", min_frequency, minimum=0.0, strict=True)
     frequency_decay = _float_option("frequency_decay", frequency_decay, minimum=0.0)

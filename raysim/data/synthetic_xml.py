@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from raysim.data.datasets import Dataset, _float_option, _int_option
+from raysim.data.datasets import Dataset, _float_option, _generated_size, _int_option
 from raysim.data.xml import XCData, xc_to_dataset
 from raysim.errors import ConfigError
 
@@ -317,6 +317,15 @@ def load_synthetic_xml(
     cluster_features = _int_option("cluster_features", cluster_features, 0)
     cross_cluster_probability = _float_option(
         "cross_cluster_probability", cross_cluster_probability, minimum=0.0
+    )
+    # Label and feature ids are int32; points hold ~features_per_point + labels_per_point ids.
+    for key, count in (("num_labels", num_labels), ("num_features", num_features)):
+        if count > np.iinfo(np.int32).max:
+            raise ConfigError(f"'data.{key}' must be <= 2^31 - 1 (int32 ids), got {count}")
+    _generated_size(
+        "data synthetic_xml",
+        int((num_train + num_test) * (features_per_point + labels_per_point)),
+        "data.scale, data.num_train, data.num_test or data.features_per_point",
     )
     if cross_cluster_probability > 1.0:
         raise ConfigError(

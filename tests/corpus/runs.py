@@ -98,7 +98,35 @@ def _model(overrides: list[str], name: str) -> Case:
     return Case(f"model/{name}", run)
 
 
+def _dataset(config_name: str, overrides: list[str], name: str) -> Case:
+    """Options a data generator judges when the run loads its data."""
+
+    def run(folder: Path) -> str:
+        from raysim.core.loop import load_dataset
+
+        load_dataset(config_module.load(REPO_ROOT / "configs" / config_name, overrides))
+        return "accepted"
+
+    return Case(f"data/{name}", run)
+
+
 CONFIG_CASES += [
+    _dataset(
+        "fedavg_digits.yaml",
+        ["data.name=synthetic_classification", "data.num_samples=1000000000000"],
+        "a-trillion-synthetic-samples",
+    ),
+    _dataset(
+        "fedavg_digits.yaml",
+        ["data.name=synthetic_classification", "data.sample_shape=[100000, 100000]"],
+        "a-ten-billion-value-sample",
+    ),
+    _dataset("flag_flag.yaml", ["data.num_samples=1000000000"], "a-billion-multilabel-samples"),
+    _dataset("fedaws_synthetic_xml.yaml", ["data.num_labels=1000000000000"], "1e12-xml-labels"),
+    _dataset("fedaws_synthetic_xml.yaml", ["data.num_train=10000000000"], "1e10-xml-points"),
+    _dataset(
+        "fedaws_synthetic_xml.yaml", ["data.features_per_point=1e9"], "1e9-features-per-xml-point"
+    ),
     _model(["model.hidden=[-3]"], "negative-hidden-size"),
     _model(["model.hidden=[0]"], "zero-hidden-size"),
     _model(["model.hidden=[16, 2.5]"], "fractional-hidden-size"),
