@@ -141,7 +141,7 @@ def test_round_trip_of_the_defaults(tmp_path):
         ),
         ("clients.lr=-0.1", r"'clients\.lr' must be > 0, got -0\.1"),
         ("clients.lr=0", r"'clients\.lr' must be > 0, got 0\.0"),
-        ("run.rounds=0", r"'run\.rounds' must be >= 1, got 0"),
+        ("run.rounds=0", r"'run\.rounds' must be >= 1 and <= 1e\+09, got 0"),
         ("clients.per_task=0", r"'clients\.per_task' must be 'auto' or an integer >= 1, got 0"),
         (
             "clients.per_task=autox",

@@ -125,6 +125,13 @@ def main(selected: list[str] | None = None) -> None:
 
     import raysim.core.loop  # noqa: F401
 
+    # torch's first computation in a process costs about a second (lazy initialisation); done
+    # here once, every child starts warm. One thread: a child forked after OpenMP started a
+    # thread team would hang in its first parallel region, and with one thread none starts.
+    torch.set_num_threads(1)
+    layer = torch.nn.Linear(4, 2)
+    torch.optim.SGD(layer.parameters(), lr=0.1).zero_grad()
+    layer(torch.ones(3, 4)).sum().backward()
     cases = all_cases(warm=True)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"baseline_rss_bytes": baseline}), flush=True)
