@@ -53,6 +53,10 @@ class RunConfig:
 class DataConfig:
     name: str = "digits"
     root: str | None = None
+    # Share of the training rows held out as the validation split (drawn from the run seed,
+    # before the client split): runs report `val/...` beside the test set's `eval/...`, and
+    # sweeps tune on it. 0: no validation split.
+    validation_fraction: float = 0.0
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -501,8 +505,13 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
             root = values.pop("root", None)
             if root is not None and not isinstance(root, str):
                 raise ConfigError(f"{source}: 'data.root' must be a path string, got {root!r}")
+            kwargs = {}
+            if "validation_fraction" in values:  # the engine's, not the dataset plug-in's
+                kwargs["validation_fraction"] = _coerce(
+                    values.pop("validation_fraction"), "float", "data.validation_fraction", source
+                )
             options = reg.check_options(name, values, section_name)
-            return DataConfig(name=name, root=root, options=options)
+            return DataConfig(name=name, root=root, options=options, **kwargs)
         options = reg.check_options(name, values, section_name)
         return PluginConfig(name=name, options=options)
     fields = {f.name: f for f in dataclasses.fields(section_type)}
@@ -617,6 +626,13 @@ def _validate(config: Config, source: str) -> None:
         "run.round_deadline_s",
         f"at most {MAX_WAIT_S:.0f} seconds (1 day), or null to wait for every client",
         deadline,
+    )
+    fraction = config.data.validation_fraction
+    require(
+        finite(fraction) and 0.0 <= fraction < 1.0,
+        "data.validation_fraction",
+        "in [0, 1)",
+        fraction,
     )
     for key, path in (("data.root", config.data.root), ("partition.cache_dir", part.cache_dir)):
         require(path is None or (path != "" and "\0" not in path), key, "a path", path)

@@ -7,11 +7,14 @@ OUT/tensorboard/      TensorBoard event files: every numeric per-round value as 
                       metrics.jsonl name (eval/accuracy, bytes_up, time/clients_s, ...), plus
                       derived ones (see `tensorboard_scalars`) and heatmap images
 OUT/checkpoints/      round_NNNNNN.npz: the server state (numpy arrays only, loaded without pickle)
+OUT/curves.png        evaluation metrics (test, validation) and training loss per round
+                      (with TensorBoard on; TensorBoard's HParams tab gets the config)
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -164,7 +167,6 @@ class RunOutputs:
         meta = json.dumps({"round": state.round, "config": self.config_dict, **(extra or {})})
         arrays = dict(state.arrays)
         arrays[_META_KEY] = np.frombuffer(meta.encode(), dtype=np.uint8)
-        import io
 
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
@@ -175,13 +177,31 @@ class RunOutputs:
         return path
 
     def write_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """Write summary.json with the run's environment record; returns what was written."""
+        """Write summary.json with the run's environment record; returns what was written.
+        With visual outputs (TensorBoard on): also curves.png and TensorBoard's hparams."""
         summary = {**summary, "environment": self.environment}
         _atomic_write_bytes(
             self.out_dir / "summary.json",
             (json.dumps(_json_safe(summary), indent=2) + "\n").encode(),
         )
+        if self._writer is not None:
+            self.flush()  # metrics.jsonl holds every round before the curves are drawn
+            write_curves(self.out_dir / "metrics.jsonl", self.out_dir / "curves.png")
+            self._write_hparams(summary)
         return summary
+
+    def _write_hparams(self, summary: dict[str, Any]) -> None:
+        """The flattened config and the final metrics in TensorBoard's HParams tab, so runs
+        can be compared there (lists and None as text, which the tab shows as they are)."""
+        hparams = {}
+        for key, value in resume_identity(self.config_dict).items():
+            hparams[key] = value if isinstance(value, bool | int | float | str) else str(value)
+        metrics = {}
+        for block, prefix in (("final", "final"), ("final_val", "final_val")):
+            for key, value in (summary.get(block) or {}).items():
+                if isinstance(value, int | float) and math.isfinite(value):
+                    metrics[f"{prefix}/{key}"] = float(value)
+        self._writer.add_hparams(hparams, metrics, run_name=".")
 
     def close(self) -> None:
         """Write every queued record, then close the files."""
@@ -444,6 +464,45 @@ def load_checkpoint(path: str | Path) -> tuple[ServerState, dict[str, Any]]:
             f"{int(match.group(1))}"
         )
     return ServerState(round_index, arrays), meta
+
+
+def write_curves(metrics_path: Path, png_path: Path) -> None:
+    """curves.png of a run: each evaluated metric on the test split (solid) and the validation
+    split (dashed) against the round, and the clients' training loss. Drawn with matplotlib's
+    file-only backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    evaluated = [r for r in records if "eval" in r]
+    names = sorted({k for r in evaluated for k in r["eval"] if not k.startswith("loss")})
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(11, 4), dpi=100)
+    for index, name in enumerate(names):
+        colour = f"C{index % 10}"
+        for block, style, label in (("eval", "-", "test"), ("val", "--", "validation")):
+            points = [(r["round"], r[block][name]) for r in evaluated if name in r.get(block, {})]
+            if points:
+                rounds, values = zip(*points, strict=True)
+                left.plot(rounds, values, style, color=colour, label=f"{label} {name}")
+    left.set_xlabel("round")
+    left.set_ylabel("metric")
+    left.set_title("evaluation")
+    if names:
+        left.legend(fontsize=8)
+    losses = [(r["round"], r["train_loss"]) for r in records if r.get("train_loss") is not None]
+    if losses:
+        rounds, values = zip(*losses, strict=True)
+        right.plot(rounds, values, color="C0")
+    right.set_xlabel("round")
+    right.set_ylabel("mean client training loss")
+    right.set_title("training")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    pyplot.close(figure)
+    _atomic_write_bytes(png_path, buffer.getvalue())
 
 
 def tensorboard_scalars(record: dict[str, Any]) -> dict[str, float]:

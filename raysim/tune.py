@@ -3,7 +3,7 @@
 A sweep config is an ordinary experiment config plus a `tune:` section:
 
     tune:
-      metric: eval/accuracy      # any per-round value: eval/<metric>, train_loss, bytes_up, ...
+      metric: val/accuracy       # any per-round value: val/<metric>, train_loss, bytes_up, ...
       mode: max                  # or min
       num_samples: 8             # samples of the space (grid values are repeated this often)
       scheduler: asha            # or fifo; ASHA stops weak trials early, counted in rounds
@@ -97,8 +97,10 @@ class Domain:
 @dataclasses.dataclass(frozen=True)
 class SweepSpec:
     space: tuple[Domain, ...]
-    metric: str = "eval/accuracy"
+    metric: str = "val/accuracy"
     mode: str = "max"
+    # Tuning on the test split (eval/...) leaks it into the result: refused unless set.
+    allow_test_metric: bool = False
     num_samples: int = 1
     scheduler: str = "fifo"
     grace_period: int = 1
@@ -189,11 +191,25 @@ def parse_spec(section: Mapping[str, Any], config: Config, source: str = "config
         spec.max_concurrent_trials,
     )
     require(
-        spec.metric.startswith("eval/") or spec.metric in ROUND_VALUES,
+        spec.metric.startswith(("val/", "eval/")) or spec.metric in ROUND_VALUES,
         "metric",
-        f"eval/<name> (e.g. eval/accuracy) or one of {', '.join(ROUND_VALUES)}",
+        f"val/<name> (e.g. val/accuracy) or one of {', '.join(ROUND_VALUES)}",
         spec.metric,
     )
+    if spec.metric.startswith("eval/") and not spec.allow_test_metric:
+        name = spec.metric.removeprefix("eval/")
+        raise ConfigError(
+            f"{source}: 'tune.metric' {spec.metric} is measured on the test split, and "
+            "hyperparameters chosen on it overstate how well they generalise; tune on "
+            f"val/{name} (with data.validation_fraction > 0, e.g. 0.1), or set "
+            "tune.allow_test_metric: true to tune on test data knowingly"
+        )
+    if spec.metric.startswith("val/") and config.data.validation_fraction <= 0:
+        raise ConfigError(
+            f"{source}: 'tune.metric' {spec.metric} needs a validation split: set "
+            "data.validation_fraction (e.g. 0.1), which holds that share of the training rows "
+            "out of every client"
+        )
     if spec.scheduler == "asha":
         rounds = config.run.rounds
         require(spec.grace_period >= 1, "grace_period", ">= 1", spec.grace_period)
@@ -598,5 +614,8 @@ def format_table(rows: list[dict[str, Any]], spec: SweepSpec) -> str:
 
 
 def final_metric(summary: Mapping[str, Any], metric: str) -> float | None:
-    """A tune metric in a run's summary.json: eval/accuracy is final.accuracy."""
+    """A tune metric in a run's summary.json: eval/accuracy is final.accuracy, val/accuracy
+    final_val.accuracy."""
+    if metric.startswith("val/"):
+        return (summary.get("final_val") or {}).get(metric.removeprefix("val/"))
     return summary["final"].get(metric.removeprefix("eval/"))

@@ -264,6 +264,7 @@ def test_a_two_trial_tune_sweep_of_the_plugins_equals_local_runs(plugin_dir, tmp
     (plugin_dir / "base.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     raw["tune"] = {
         "metric": "eval/accuracy",
+        "allow_test_metric": True,  # compared with local runs' test accuracy
         "mode": "max",
         "scheduler": "fifo",
         "max_concurrent_trials": 2,

@@ -70,7 +70,11 @@ def test_params_apply_like_set_overrides():
         ({"space": {"clients.lr": {"loguniform": [0, 1]}}}, "low > 0"),
         ({"space": {"clients.num_cpus": [1, 2]}}, "fixed for a sweep"),
         ({"space": {"clients.lr": [0.1]}, "mode": "best"}, "'tune.mode' must be"),
-        ({"space": {"clients.lr": [0.1]}, "metric": "accuracy"}, "eval/<name>"),
+        ({"space": {"clients.lr": [0.1]}, "metric": "accuracy"}, "val/<name>"),
+        (
+            {"space": {"clients.lr": [0.1]}, "metric": "eval/accuracy"},
+            "measured on the test split",
+        ),
         ({"space": {"run.rounds": [2, 4]}, "scheduler": "asha"}, "cannot sweep run.rounds"),
         ({"space": {}}, "'tune.space' must map"),
     ],
@@ -78,6 +82,17 @@ def test_params_apply_like_set_overrides():
 def test_bad_sweeps_are_one_clear_error(tmp_path, tune_section, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         load_sweep(_write_sweep(tmp_path, tune_section))
+
+
+def test_a_validation_metric_needs_a_validation_split(tmp_path):
+    section = {"space": {"clients.lr": [0.1]}, "metric": "val/accuracy"}
+    with pytest.raises(ConfigError, match="needs a validation split: set data.validation_fraction"):
+        load_sweep(_write_sweep(tmp_path, section, data={"validation_fraction": 0.0}))
+    _, spec = load_sweep(_write_sweep(tmp_path, section, data={"validation_fraction": 0.1}))
+    assert spec.metric == "val/accuracy"
+    # the test split only when asked for, knowingly
+    test_metric = {**section, "metric": "eval/accuracy", "allow_test_metric": True}
+    assert load_sweep(_write_sweep(tmp_path, test_metric))[1].metric == "eval/accuracy"
 
 
 def test_a_config_without_tune_section_is_refused(digits_config_path):
@@ -93,7 +108,7 @@ def test_best_trial_is_the_best_that_ran_every_round_and_the_table_lists_errors(
     def row(trial, status, accuracy, error=""):
         params = {"clients.lr": 0.1, "clients.momentum": 0.9}
         return {"trial": trial, "status": status, "rounds": 30, "params": params,
-                "eval/accuracy": accuracy, "error": error, "out": ""}  # fmt: skip
+                "val/accuracy": accuracy, "error": error, "out": ""}  # fmt: skip
 
     rows = [
         row("a", "completed", 0.90),
@@ -107,7 +122,7 @@ def test_best_trial_is_the_best_that_ran_every_round_and_the_table_lists_errors(
     assert _best(rows, spec)["trial"] == "c"
     table = format_table(rows, spec)
     assert table.splitlines()[0].split() == [
-        "trial", "status", "rounds", "clients.lr", "clients.momentum", "eval/accuracy"
+        "trial", "status", "rounds", "clients.lr", "clients.momentum", "val/accuracy"
     ]  # fmt: skip
     assert "d: ValueError: boom" in table
 
@@ -120,6 +135,7 @@ def test_asha_sweep_and_best_config_reproduces_the_best_trial(ray_session, tmp_p
         tmp_path,
         {
             "metric": "eval/accuracy",
+            "allow_test_metric": True,  # the mechanics under test; protocol: val/ (below)
             "mode": "max",
             "scheduler": "asha",
             "grace_period": 1,

@@ -33,6 +33,9 @@ class RunContext:
     # Multi-label data: each client's validation rows of the test set (a ClientSplit over
     # test_x; FLAG's AmAP/GmAP). None when the split has no per-client validation.
     client_validation: Any = field(default=None, compare=False)
+    # The same for the validation split (`data.validation_fraction`): each client's rows of
+    # val_x. The server evaluates the validation split with this as `client_validation`.
+    client_validation_of_val: Any = field(default=None, compare=False)
     # The explicit client state store (raysim.runtime.client_state) when the algorithm
     # declares `uses_client_state = True`; None otherwise.
     client_state: Any = field(default=None, compare=False)

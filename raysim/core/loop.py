@@ -184,6 +184,20 @@ def run_context(config: Config, dataset: Dataset) -> RunContext:
     validation = split_for_run(config, dataset).validation  # each client's test rows, if any
     if validation is not None:
         ctx = dataclasses.replace(ctx, client_validation=validation)
+        if dataset.val_x is not None:  # the validation rows placed on clients the same way
+            from raysim.core.sampling import PARTITION, purpose_seed
+            from raysim.data.partition import split_dataset
+
+            as_test = dataclasses.replace(dataset, test_x=dataset.val_x, test_y=dataset.val_y)
+            part = config.partition
+            placed = split_dataset(
+                as_test,
+                part.name,
+                part.num_clients,
+                purpose_seed(config.run.seed, PARTITION),
+                part.options,
+            )
+            ctx = dataclasses.replace(ctx, client_validation_of_val=placed.validation)
     return ctx
 
 
@@ -317,11 +331,13 @@ def run(
     # client faults (raysim.core.faults): clients dropped after their retries or for being late
     totals.update(clients_dropped=0, clients_late=0, task_retries=0)
     last_eval: dict[str, float] = {}
+    last_val: dict[str, float] = {}
     train_loss = float("nan")
     for record in history or []:  # rounds done before a resume count in the totals
         for key in totals:
             totals[key] += record.get(key) or 0
         last_eval = record.get("eval", last_eval)
+        last_val = record.get("val", last_val)
         train_loss = record.get("train_loss") or float("nan")
     done_before = totals["clients_done"]
     kill_after = _test_kill_hook()
@@ -443,9 +459,12 @@ def run(
             if restarts["round"]:  # the server died during this round and was restarted
                 record["server_restarts"] = restarts["round"]
                 record["replayed_rounds"] = restarts["replayed"]
-            if stats.eval:
+            if stats.eval:  # the test split ("eval", as TensorBoard's eval/...)
                 last_eval = stats.eval
                 record["eval"] = stats.eval
+            if stats.val:  # the validation split (data.validation_fraction), tuned on
+                last_val = stats.val
+                record["val"] = stats.val
             if not stats.model_updated:
                 record["model_kept"] = True  # nothing arrived, or the update was refused
             if stats.rejected:  # one line per rejected update, naming the client
@@ -468,7 +487,8 @@ def run(
         wall_s = time.perf_counter() - started
         state = with_server(backend.get_state, rounds)
         summary = {
-            "final": {**last_eval, "train_loss": train_loss},
+            "final": {**last_eval, "train_loss": train_loss},  # test split
+            "final_val": last_val or None,  # validation split (None: none held out)
             "resumed_from_round": first_round if restored is not None else None,
             "rounds": rounds,
             "wall_s": wall_s,

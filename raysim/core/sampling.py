@@ -91,8 +91,9 @@ def attacker_pool(
 
 _POOL = 6
 
-# Seeds handed to data generation and partitioning (plain ints, for numpy default_rng).
-DATA, PARTITION = 4, 5
+# Seeds handed to data generation, partitioning and the validation hold-out (plain ints, for
+# numpy default_rng).
+DATA, PARTITION, VALIDATION = 4, 5, 11
 
 
 def purpose_seed(seed: int, purpose: int) -> int:

@@ -7,6 +7,7 @@ guarantee it), which is what makes every backend and packing give bit-identical 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterable
@@ -80,10 +81,13 @@ class Server:
         test_y: np.ndarray,
         client_classes: np.ndarray | None = None,
         client_sizes: np.ndarray | None = None,
+        val_x: np.ndarray | None = None,
+        val_y: np.ndarray | None = None,
     ) -> None:
         """`client_classes[c]`: the one class client c holds (-1 if several or none); needed
         only by algorithms with per-client payloads (FedAwS). `client_sizes[c]`: client c's
-        training samples; an update claiming more is refused (its weight would be a lie)."""
+        training samples; an update claiming more is refused (its weight would be a lie).
+        `val_x, val_y`: the validation split, evaluated beside the test split when given."""
         self.ctx = ctx
         self.client_sizes = client_sizes
         self.algorithm = build_algorithm(ctx)
@@ -105,6 +109,7 @@ class Server:
         self.client_classes = client_classes
         self.state = self.algorithm.init_server(ctx)
         self.test_x, self.test_y = test_x, test_y
+        self.val_x, self.val_y = val_x, val_y
         self._payload_cache: tuple[int, object, int] | None = None
         # What a valid client update looks like, and its wire format (raysim.core.codecs).
         self.codec, self.layout = (
@@ -389,6 +394,11 @@ class Server:
         if evaluate:
             started = time.perf_counter()
             stats.eval = self.evaluate()
+            if self.val_x is not None:  # per-client rows (if any) of the validation split
+                ctx = self.ctx
+                if ctx.client_validation is not None:
+                    ctx = dataclasses.replace(ctx, client_validation=ctx.client_validation_of_val)
+                stats.val = self.algorithm.evaluate(self.state, self.val_x, self.val_y, ctx)
             stats.evaluate_s = time.perf_counter() - started
         return stats
 

@@ -144,4 +144,5 @@ class RoundStats:
     evaluate_s: float = 0.0
     # Further server-side phases an algorithm reports (FedAwS: index_s, spreadout_s).
     server_times: dict[str, float] = field(default_factory=dict)
-    eval: dict[str, float] = field(default_factory=dict)
+    eval: dict[str, float] = field(default_factory=dict)  # on the test split
+    val: dict[str, float] = field(default_factory=dict)  # on the validation split, if any

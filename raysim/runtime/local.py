@@ -46,6 +46,8 @@ class LocalBackend:
             dataset.test_y,
             single_class_of_clients(dataset.train_y, split.indices, split.offsets),
             client_sizes=np.diff(split.offsets),
+            val_x=dataset.val_x,
+            val_y=dataset.val_y,
         )
         self.algorithm = build_algorithm(ctx)
 

@@ -306,8 +306,18 @@ class ServerActor:
         test_y: np.ndarray,
         client_classes: np.ndarray,
         client_sizes: np.ndarray,
+        val_x: np.ndarray | None = None,
+        val_y: np.ndarray | None = None,
     ) -> None:
-        self.server = Server(ctx, test_x, test_y, client_classes, client_sizes=client_sizes)
+        self.server = Server(
+            ctx,
+            test_x,
+            test_y,
+            client_classes,
+            client_sizes=client_sizes,
+            val_x=val_x,
+            val_y=val_y,
+        )
         self.run_ref = run_ref
         clients = ctx.config.clients
         cluster_gpus = ray.cluster_resources().get("GPU", 0.0)
@@ -552,6 +562,8 @@ class RayBackend:
             ray.put(dataset.test_y),
             single_class_of_clients(dataset.train_y, split.indices, split.offsets),
             np.diff(split.offsets),
+            None if dataset.val_x is None else ray.put(dataset.val_x),
+            None if dataset.val_y is None else ray.put(dataset.val_y),
         )
         self._server_gpus = ctx.config.server.num_gpus  # as granted (_granted_gpus)
         self.server = ServerActor.options(num_gpus=self._server_gpus).remote(*self._server_args)
