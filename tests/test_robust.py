@@ -128,40 +128,67 @@ def test_median_aggregator_is_registered():
 KRUM = _vectors([0, 0], [1, 0], [2, 0], [10, 0], [-20, 0])
 
 
-def test_multi_krum_selects_by_score_hand_computed():
-    aggregate, selected = multi_krum(KRUM, f=1, m=4)  # m = n - f
+def test_multi_krum_selects_by_score_hand_computed():  # the scores_once variant
+    aggregate, selected = multi_krum(KRUM, f=1, m=4, variant="scores_once")  # m = n - f
     assert selected.tolist() == [1, 0, 2, 3]  # v0 and v2 tie at 5: the lower index first
     np.testing.assert_array_equal(aggregate, [3.25, 0.0])  # (1 + 0 + 2 + 10) / 4
-    aggregate, selected = multi_krum(KRUM, f=1, m=3)
+    aggregate, selected = multi_krum(KRUM, f=1, m=3, variant="scores_once")
     assert selected.tolist() == [1, 0, 2]
     np.testing.assert_array_equal(aggregate, [1.0, 0.0])
-    aggregate, selected = multi_krum(KRUM, f=1, m=1)  # Krum
+    aggregate, selected = multi_krum(KRUM, f=1, m=1, variant="scores_once")  # Krum
     assert selected.tolist() == [1]
     np.testing.assert_array_equal(aggregate, [1.0, 0.0])
     # default m = n - f
-    assert multi_krum(KRUM, f=1)[1].tolist() == [1, 0, 2, 3]
+    assert multi_krum(KRUM, f=1, variant="scores_once")[1].tolist() == [1, 0, 2, 3]
 
 
 def test_multi_krum_with_more_neighbours():
     # f = 0: three nearest others. v0: 1+4+100 = 105, v1: 1+1+81 = 83, v2: 1+4+64 = 69,
     # v3: 64+81+100 = 245, v4: 400+441+484 = 1325 -> order v2, v1, v0, v3, v4
-    aggregate, selected = multi_krum(KRUM, f=0, m=2)
+    aggregate, selected = multi_krum(KRUM, f=0, m=2, variant="scores_once")
     assert selected.tolist() == [2, 1]
     np.testing.assert_array_equal(aggregate, [1.5, 0.0])
 
 
-def test_multi_krum_defaults_to_the_rounds_malicious_count():
+# The reference variant (the FRL reference code's Multi-Krum) on KRUM, f = 1: while more than
+# 2f + 2 = 4 updates remain, score each by its r - 2 - f = 2 smallest squared distances among the
+# r remaining, its own 0 included (so: the distance to its nearest other):
+#   v0: 0 + 1 = 1, v1: 0 + 1 = 1, v2: 0 + 1 = 1, v3: 0 + 64, v4: 0 + 400 -> v0 (lowest index);
+# then 4 remain: stop. One update selected: n - 2f - 2 = 1.
+# With f = 0 (2 remaining kept): r = 5, 3 smallest: v0: 0+1+4 = 5, v1: 0+1+1 = 2, v2: 0+1+4 = 5,
+# v3: 0+64+81, v4: 0+400+441 -> v1; r = 4 among v0, v2, v3, v4: 2 smallest: v0: 0+4 = 4,
+# v2: 0+4 = 4, v3: 0+64, v4: 0+400 -> v0; r = 3 among v2, v3, v4: v2: 0+64, v3: 0+64, v4: 0+484
+# -> v2; 2 remain: stop. Selected v1, v0, v2: mean 1.
+def test_reference_multi_krum_selects_iteratively_hand_computed():
+    aggregate, selected = multi_krum(KRUM, f=1)
+    assert selected.tolist() == [0]
+    np.testing.assert_array_equal(aggregate, [0.0, 0.0])
+    aggregate, selected = multi_krum(KRUM, f=0)
+    assert selected.tolist() == [1, 0, 2]
+    np.testing.assert_array_equal(aggregate, [1.0, 0.0])
+    # n = 10, f = 2: 4 updates averaged (the select-once variant averages n - f = 8)
+    ten = _vectors(*[[float(i), 0.0] for i in range(10)])
+    assert len(multi_krum(ten, f=2)[1]) == 4
+    assert len(multi_krum(ten, f=2, variant="scores_once")[1]) == 8
+
+
+def test_multi_krum_defaults_to_the_reference_and_the_rounds_malicious_count():
     aggregator = registry.aggregators.build("multi_krum")
     assert isinstance(aggregator, MultiKrum) and aggregator.linear is False
-    # 1 malicious of 5: f = 1, m = n - f = 4 -> (1 + 0 + 2 + 10) / 4
+    assert aggregator.variant == "reference"
+    # 1 malicious of 5: f = 1 -> v0 alone (see above)
     np.testing.assert_array_equal(
-        aggregator.aggregate(contributions_of(KRUM, [1] * 5), _info(5, 1)), [3.25, 0.0]
+        aggregator.aggregate(contributions_of(KRUM, [1] * 5), _info(5, 1)), [0.0, 0.0]
     )
-    # no malicious: f = 0, m = 5: every update, the plain mean (-7 / 5)
+    # no malicious: f = 0 -> v1, v0, v2
     np.testing.assert_allclose(
-        aggregator.aggregate(contributions_of(KRUM, [1] * 5), _info(5, 0)), [-1.4, 0.0]
+        aggregator.aggregate(contributions_of(KRUM, [1] * 5), _info(5, 0)), [1.0, 0.0]
     )
-    explicit = MultiKrum(num_byzantine=0, num_selected=2)
+    once = MultiKrum(variant="scores_once")  # 1 malicious: m = n - f = 4 -> (1 + 0 + 2 + 10) / 4
+    np.testing.assert_array_equal(
+        once.aggregate(contributions_of(KRUM, [1] * 5), _info(5, 1)), [3.25, 0.0]
+    )
+    explicit = MultiKrum(num_byzantine=0, num_selected=2, variant="scores_once")
     np.testing.assert_array_equal(
         explicit.aggregate(contributions_of(KRUM, [1] * 5), _info(5, 1)), [1.5, 0.0]
     )
@@ -169,13 +196,25 @@ def test_multi_krum_defaults_to_the_rounds_malicious_count():
 
 def test_multi_krum_errors():
     with pytest.raises(ValueError, match="n >= f \\+ 3"):
-        multi_krum(KRUM, f=3)
+        multi_krum(KRUM, f=3, variant="scores_once")
+    with pytest.raises(ValueError, match="n >= 2f \\+ 3 needed"):
+        multi_krum(KRUM, f=2)
     with pytest.raises(ValueError, match="1 <= m <= n"):
-        multi_krum(KRUM, f=1, m=6)
+        multi_krum(KRUM, f=1, m=6, variant="scores_once")
+    with pytest.raises(ValueError, match="takes no m"):
+        multi_krum(KRUM, f=1, m=3)
     with pytest.raises(ConfigError, match="at least f \\+ 3 = 6 updates"):
-        MultiKrum(num_byzantine=3).aggregate(contributions_of(KRUM, [1] * 5), _info(5, 0))
+        MultiKrum(num_byzantine=3, variant="scores_once").aggregate(
+            contributions_of(KRUM, [1] * 5), _info(5, 0)
+        )
+    with pytest.raises(ConfigError, match="at least 2f \\+ 3 = 7 updates"):
+        MultiKrum(num_byzantine=2).aggregate(contributions_of(KRUM, [1] * 5), _info(5, 0))
     with pytest.raises(ConfigError, match="num_selected"):
         MultiKrum(num_selected=0)
+    with pytest.raises(ConfigError, match="applies to variant 'scores_once'"):
+        MultiKrum(num_selected=3)
+    with pytest.raises(ConfigError, match="aggregator.variant"):
+        MultiKrum(variant="blanchard")
     with pytest.raises(ConfigError, match="num_byzantine"):
         MultiKrum(num_byzantine=-1)
 
@@ -183,9 +222,17 @@ def test_multi_krum_errors():
 def test_robust_aggregators_in_config(tmp_path):
     cfg = config.load(
         REPO_ROOT / "configs" / "fedavg_multi_krum_digits.yaml",
-        ["aggregator.num_byzantine=2", "aggregator.num_selected=5"],
+        [
+            "aggregator.num_byzantine=2",
+            "aggregator.num_selected=5",
+            "aggregator.variant=scores_once",
+        ],
     )
-    assert cfg.aggregator.options == {"num_byzantine": 2, "num_selected": 5}
+    assert cfg.aggregator.options == {
+        "num_byzantine": 2,
+        "num_selected": 5,
+        "variant": "scores_once",
+    }
     with pytest.raises(ConfigError, match="unknown option 'aggregator.beta'"):
         config.load(REPO_ROOT / "configs" / "fedavg_multi_krum_digits.yaml", ["aggregator.beta=1"])
 

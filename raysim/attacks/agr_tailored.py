@@ -39,6 +39,7 @@ from raysim.core.robust import (
     MultiKrum,
     TrimmedMean,
     krum_select,
+    krum_select_iterative,
     pairwise_squared_distances,
     trimmed_mean,
 )
@@ -100,15 +101,28 @@ def attack_multi_krum(
     num_selected: int | None = None,
     gamma_init: float = 5.0,
     tolerance: float = 1e-5,
+    variant: str = "reference",
 ) -> tuple[np.ndarray, float]:
-    """(malicious update, gamma) against Multi-Krum with f Byzantine, m = num_selected or n - f."""
+    """(malicious update, gamma) against Multi-Krum with f Byzantine: the largest gamma at
+    which the server's selection (`variant`, as raysim.core.robust.MultiKrum; "scores_once"
+    selects m = num_selected or n - f) still takes every copy."""
     mu, direction = mean_and_direction(benign)
     stacked = np.stack([np.asarray(v, dtype=np.float64) for v in benign])
     n = num_copies + len(stacked)
     if n < 3:  # Krum needs n >= f + 3: nothing to simulate
         return mu.astype(np.float32), 0.0
-    f = min(f, n - 3)
-    m = n - f if num_selected is None else min(num_selected, n)
+    if variant == "reference":
+        f = min(f, (n - 3) // 2)  # the reference selection needs n >= 2f + 3
+
+        def select(distances: np.ndarray) -> np.ndarray:
+            return krum_select_iterative(distances, f)
+    else:
+        f = min(f, n - 3)
+        m = n - f if num_selected is None else min(num_selected, n)
+
+        def select(distances: np.ndarray) -> np.ndarray:
+            return krum_select(distances, f, m)
+
     # Distances among the benign updates do not depend on gamma: compute them once.
     distances = np.zeros((n, n), dtype=np.float64)
     distances[num_copies:, num_copies:] = pairwise_squared_distances(stacked)
@@ -118,7 +132,7 @@ def attack_multi_krum(
         to_benign = np.einsum("ij,ij->i", difference, difference)
         distances[:num_copies, num_copies:] = to_benign
         distances[num_copies:, :num_copies] = to_benign[:, None]
-        selected = krum_select(distances, f, m)
+        selected = select(distances)
         return int(np.count_nonzero(selected < num_copies)) == num_copies
 
     gamma = halving_search(all_copies_selected, gamma_init, tolerance)
@@ -149,6 +163,7 @@ class AGRTailored:
                 aggregator.num_selected,
                 self.gamma_init,
                 self.tolerance,
+                variant=aggregator.variant,
             )
         else:
             raise ConfigError(

@@ -78,18 +78,57 @@ def krum_select(distances: np.ndarray, f: int, m: int) -> np.ndarray:
     return np.argsort(scores, kind="stable")[:m]
 
 
-def multi_krum(
-    vectors: Sequence[np.ndarray], f: int, m: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Multi-Krum: (mean of the m selected updates, their indices in selection order).
+def krum_select_iterative(distances: np.ndarray, f: int) -> np.ndarray:
+    """Multi-Krum's selection as the FRL paper's reference code (after Shejwalkar & Houmansadr,
+    NDSS 2021) computes it: indices in selection order.
 
-    m defaults to n - f. Blanchard et al.'s guarantee needs n > 2f + 2; the rule itself is
-    defined for n >= f + 3.
+    While more than 2f + 2 updates remain: score each remaining update by the sum of the
+    r - 2 - f smallest entries of its row of squared distances among the r remaining ones
+    (its own zero distance included, as there), select the best (ties: the lower index) and
+    remove it. So n - 2f - 2 updates are selected (n = 10, f = 2: 4), with scores recomputed
+    among the remaining updates after every pick.
+    """
+    n = len(distances)
+    if f < 0 or n <= 2 * f + 2:
+        raise ValueError(
+            f"the reference Multi-Krum selects while more than 2f + 2 updates remain; got "
+            f"f={f}, n={n} updates (n >= 2f + 3 needed)"
+        )
+    remaining = list(range(n))
+    selected = []
+    while len(remaining) > 2 * f + 2:
+        among = distances[np.ix_(remaining, remaining)]
+        scores = np.sort(among, axis=1)[:, : len(remaining) - 2 - f].sum(axis=1)
+        best = int(np.argsort(scores, kind="stable")[0])
+        selected.append(remaining.pop(best))
+    return np.asarray(selected, dtype=np.int64)
+
+
+# Multi-Krum variants: "reference" as the FRL reference code (krum_select_iterative), the
+# default; "scores_once" as Blanchard et al.'s description (krum_select: the m best scores of
+# the whole round, m = n - f by default), raysim's behaviour before the reference became the
+# default.
+KRUM_VARIANTS = ("reference", "scores_once")
+
+
+def multi_krum(
+    vectors: Sequence[np.ndarray], f: int, m: int | None = None, *, variant: str = "reference"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-Krum: (mean of the selected updates, their indices in selection order).
+
+    `variant` "reference" (see krum_select_iterative) selects n - 2f - 2 updates and takes no m;
+    "scores_once" selects m (default n - f). Blanchard et al.'s guarantee needs n > 2f + 2.
     """
     stacked = _stack(vectors)
-    selected = krum_select(
-        pairwise_squared_distances(stacked), f, len(stacked) - f if m is None else m
-    )
+    distances = pairwise_squared_distances(stacked)
+    if variant == "reference":
+        if m is not None:
+            raise ValueError("the reference Multi-Krum selects n - 2f - 2 updates; it takes no m")
+        selected = krum_select_iterative(distances, f)
+    elif variant == "scores_once":
+        selected = krum_select(distances, f, len(stacked) - f if m is None else m)
+    else:
+        raise ValueError(f"unknown Multi-Krum variant {variant!r}; choices: {KRUM_VARIANTS}")
     return stacked[selected].mean(axis=0).astype(np.float32), selected
 
 
@@ -141,13 +180,18 @@ class Median:
 
 
 class MultiKrum:
-    """Multi-Krum; `num_byzantine` (f) None = the round's malicious count, `num_selected` (m)
-    None = n - f."""
+    """Multi-Krum; `num_byzantine` (f) None = the round's malicious count. `variant`:
+    "reference" (the FRL reference code's iterative selection of n - 2f - 2 updates) or
+    "scores_once" (the m = `num_selected` best scores of the round, None = n - f)."""
 
     linear = False
 
     def __init__(
-        self, *, num_byzantine: int | None = None, num_selected: int | None = None
+        self,
+        *,
+        num_byzantine: int | None = None,
+        num_selected: int | None = None,
+        variant: str = "reference",
     ) -> None:
         if num_byzantine is not None and num_byzantine < 0:
             raise ConfigError(
@@ -157,8 +201,18 @@ class MultiKrum:
             raise ConfigError(
                 f"'aggregator.num_selected' must be >= 1 (or null), got {num_selected}"
             )
+        if variant not in KRUM_VARIANTS:
+            raise ConfigError(
+                f"'aggregator.variant' must be one of {', '.join(KRUM_VARIANTS)}, got {variant!r}"
+            )
+        if variant == "reference" and num_selected is not None:
+            raise ConfigError(
+                "'aggregator.num_selected' applies to variant 'scores_once'; the reference "
+                "Multi-Krum selects n - 2f - 2 updates"
+            )
         self.num_byzantine = num_byzantine
         self.num_selected = num_selected
+        self.variant = variant
 
     def resolve(self, info: RoundInfo | None, n: int) -> tuple[int, int]:
         """(f, m) for a round of n updates."""
@@ -174,6 +228,14 @@ class MultiKrum:
         vectors = [c.update for c in contributions]
         n = len(vectors)
         f, m = self.resolve(info, n)
+        if self.variant == "reference":
+            if n <= 2 * f + 2:
+                raise ConfigError(
+                    f"aggregator 'multi_krum' (reference variant) with f={f} needs at least "
+                    f"2f + 3 = {2 * f + 3} updates a round, got {n} (raise clients.per_round, "
+                    "lower 'aggregator.num_byzantine', or use variant: scores_once)"
+                )
+            return multi_krum(vectors, f)[0]
         if n - f - 2 < 1:
             raise ConfigError(
                 f"aggregator 'multi_krum' with f={f} needs at least f + 3 = {f + 3} updates a "
@@ -181,4 +243,4 @@ class MultiKrum:
             )
         if m > n:
             raise ConfigError(f"'aggregator.num_selected'={m} exceeds the {n} updates of the round")
-        return multi_krum(vectors, f, m)[0]
+        return multi_krum(vectors, f, m, variant="scores_once")[0]
