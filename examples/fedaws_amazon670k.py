@@ -127,8 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--k",
         type=int,
         default=None,
-        help="negatives mined per class (none: 20 on the embedded data, 100 with --scale or "
-        "--data-dir)",
+        help="negatives mined per class (none: 20 on the embedded data, the paper's 10 with "
+        "--scale or --data-dir)",
     )
     parser.add_argument(
         "--methods",
@@ -266,7 +266,7 @@ def _study(args, out: Path) -> int:
         data["_num_clients"] = classes
         rounds = args.rounds or 2
         per_round = min(args.clients_per_round or 4000, classes)
-        raw = base_config(args, data, dict(FULL_MODEL), rounds, per_round, args.k or 100)
+        raw = base_config(args, data, dict(FULL_MODEL), rounds, per_round, args.k or 10)
         raw["algorithm"]["eval_max_points"] = 2000
         # The oracle would send all of W (C x 512 floats) to every client: only for small C.
         names = ["FedAwS", "Baseline-1", "Baseline-2"] + (["Softmax"] if classes <= 20000 else [])

@@ -72,7 +72,7 @@ class FedAwS(ClassEmbeddingMethod):
         *,
         spreadout: str = "topk",
         lambda_: float = 10.0,
-        k: int = 100,
+        k: int = 10,  # the paper's headline setting (with lambda 10); 100 for more negatives
         nu: float = 1.0,
         distance: str = "cosine",
         spreadout_lr: float | None = None,
