@@ -246,13 +246,17 @@ def main() -> None:
     for method in args.methods:
         runs = [run_method(out, method, seed, args.rounds, args.set) for seed in args.seeds]
         table1[method] = summarise(runs, targets)
-        print(f"  {LABELS[method]:<22} GmAP {fmt(table1[method]['gmap'])}", flush=True)
+        row = table1[method]
+        print(f"  {LABELS[method]:<22} GmAP {fmt(row['gmap'])} WmAP {fmt(row['wmap'])}", flush=True)
     table2 = {}
     for alpha in args.alphas:
         overrides = [*args.set, f"algorithm.alpha={alpha}"]
         runs = [run_method(out, "flag", seed, args.rounds, overrides) for seed in args.seeds]
         table2[alpha] = summarise(runs, targets)
-        print(f"  FLAG alpha {alpha:<4} GmAP {fmt(table2[alpha]['gmap'])}", flush=True)
+        row = table2[alpha]
+        print(
+            f"  FLAG alpha {alpha:<4} GmAP {fmt(row['gmap'])} WmAP {fmt(row['wmap'])}", flush=True
+        )
     results["table1"], results["table2"] = table1, table2
     seeds = ", ".join(map(str, args.seeds))
     text = "\n\n".join(
