@@ -1,4 +1,4 @@
-"""Command line: `raysim run`, `raysim tune`, `raysim partition`, `raysim info`.
+"""Command line: `raysim run`, `raysim tune`, `raysim compare`, `raysim partition`, `raysim info`.
 
 Errors caused by the user's input (config, data) print one line `raysim: error: ...` and exit
 with status 2; anything else is a bug and keeps its traceback.
@@ -67,6 +67,15 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_arguments(tune)
     tune.add_argument("--out", help="output folder (default: runs/tune-NAME-TIMESTAMP)")
     tune.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port)")
+
+    compare = commands.add_parser(
+        "compare",
+        help="tune every method with the same budget on validation, re-run the winners on "
+        "several seeds, report test mean ± std and ratios (raysim/compare.py)",
+    )
+    _add_config_arguments(compare)
+    compare.add_argument("--out", help="output folder (default: runs/compare-NAME-TIMESTAMP)")
+    compare.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port)")
 
     partition = commands.add_parser("partition", help="show a config's client split")
     _add_config_arguments(partition)
@@ -158,6 +167,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.config is None:
         raise RaysimError("raysim run needs a CONFIG file (or --resume DIR)")
+    if args.command == "compare":
+        from pathlib import Path
+
+        from raysim import compare
+
+        comparison = compare.load_comparison(args.config, args.overrides)
+        stem = Path(args.config).stem
+        out = args.out or f"runs/compare-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        compare.run_comparison(comparison, out, address=args.address)
+        return 0
     if args.command == "tune":
         from raysim import tune
 

@@ -1,0 +1,345 @@
+"""Comparisons that survive a reviewer: `raysim compare SPEC.yaml`.
+
+Every method of a comparison gets the same tuning budget: the same number of trials, the same
+scheduler and the same rounds, each over its own search space, scored on the validation split
+(never on test). Each method's winner is then re-run on every seed of `seeds`, and the report
+gives its test metrics as mean ± std with every per-seed value, and its ratio to the reference
+method, paired by seed, with its spread. A spec:
+
+    base: fedaws_synthetic_xml.yaml       # the experiment config (relative to this file)
+    set: [data.validation_fraction=0.1]   # overrides every method gets
+    compare:
+      metric: val/p@1                     # what tuning maximises (mode: max) or minimises
+      mode: max
+      trials: 4                           # per method: the equal budget
+      scheduler: fifo                     # or asha (grace_period, reduction_factor)
+      seeds: [0, 1, 2]                    # the winners' re-runs
+      report: [p@1, p@3, p@5]             # test metrics in the table (the first is the ratio's)
+      reference: softmax                  # ratios are method / reference, per seed
+      search_seed: 0                      # the seed of every method's search
+    methods:
+      fedaws:
+        set: [algorithm.name=fedaws]
+        space: {algorithm.class_lr: {loguniform: [0.01, 1.0]}}
+      softmax:
+        set: ["algorithm={name: fedaws_softmax}"]
+        space: {clients.lr: {loguniform: [0.01, 1.0]}}
+
+Tuning runs through `raysim.tune.run_sweep` (Ray Tune; the trials on the seed of the base
+config), the re-runs through THE round loop. Outputs: OUT/METHOD/tune/ (the sweep),
+OUT/METHOD/seed_S/ (each re-run), OUT/comparison.md and .json, OUT/comparison.png (the
+reference metric against the round per method: the mean over seeds with a min-max band).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from raysim import config as config_module
+from raysim.config import Config
+from raysim.errors import ConfigError, RaysimError
+
+COMPARE_KEYS = {
+    "metric": str,
+    "mode": str,
+    "trials": int,
+    "scheduler": str,
+    "grace_period": int,
+    "reduction_factor": float,
+    "seeds": list,
+    "report": list,
+    "reference": str,
+    "search_seed": int,
+    "allow_test_metric": bool,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    config: Config  # the base config with the comparison's and the method's overrides
+    spec: Any  # raysim.tune.SweepSpec: the method's space under the comparison's budget
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    methods: tuple[Method, ...]
+    metric: str
+    mode: str
+    trials: int
+    seeds: tuple[int, ...]
+    report: tuple[str, ...]
+    reference: str
+    source: str
+
+
+def _overrides(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where} must be a list of 'section.key=value' strings")
+    return list(value)
+
+
+def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparison:
+    """Read and check a comparison spec; `overrides` (as `--set`) apply to every method."""
+    from raysim import tune
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"comparison spec not found: {path}")
+    try:
+        raw = yaml.load(path.read_text(), Loader=config_module._YamlLoader) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(error).split())}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping with base, compare and methods")
+    unknown = set(raw) - {"base", "set", "compare", "methods"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected base, set, "
+                          "compare, methods")  # fmt: skip
+    if not isinstance(raw.get("base"), str):
+        raise ConfigError(f"{path}: 'base' must name the experiment config file")
+    base_path = (path.parent / raw["base"]).resolve()
+    if not base_path.is_file():
+        base_path = Path(raw["base"]).resolve()
+    shared = _overrides(raw.get("set"), f"{path}: 'set'") + list(overrides)
+    section = raw.get("compare")
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: 'compare' must be a mapping (metric, trials, seeds, ...)")
+    for key, value in section.items():
+        if key not in COMPARE_KEYS:
+            raise ConfigError(f"{path}: unknown key 'compare.{key}'; valid: {list(COMPARE_KEYS)}")
+        expected = COMPARE_KEYS[key]
+        fits = isinstance(value, expected) or (expected is float and isinstance(value, int))
+        if not fits or (isinstance(value, bool) and expected is not bool):
+            raise ConfigError(
+                f"{path}: 'compare.{key}' must be a {expected.__name__}, got {value!r}"
+            )
+    trials = section.get("trials", 4)
+    seeds = section.get("seeds", [0, 1, 2])
+    if trials < 1:
+        raise ConfigError(f"{path}: 'compare.trials' must be >= 1, got {trials}")
+    if (
+        len(seeds) < 2
+        or len(set(seeds)) != len(seeds)
+        or not all(isinstance(s, int) and s >= 0 for s in seeds)
+    ):
+        raise ConfigError(
+            f"{path}: 'compare.seeds' must be at least 2 distinct seeds >= 0 (a spread needs "
+            f"them; 3 or more for a table), got {seeds}"
+        )
+    methods_raw = raw.get("methods")
+    if not isinstance(methods_raw, dict) or len(methods_raw) < 2:
+        raise ConfigError(f"{path}: 'methods' must map at least 2 method names to their set/space")
+    metric = section.get("metric", "val/accuracy")
+    mode = section.get("mode", "max")
+    methods = []
+    for name, entry in methods_raw.items():
+        where = f"{path}: method '{name}'"
+        if not isinstance(entry, dict) or set(entry) - {"set", "space"}:
+            raise ConfigError(f"{where} must be a mapping with 'set' and 'space'")
+        space = entry.get("space")
+        if not isinstance(space, dict) or not space:
+            raise ConfigError(
+                f"{where}: 'space' must name at least one hyperparameter: every method gets "
+                f"{trials} trials of tuning, an untuned one would be compared unfairly"
+            )
+        for key, domain in space.items():
+            if isinstance(domain, list) or (isinstance(domain, dict) and "grid" in domain):
+                raise ConfigError(
+                    f"{where}: space key {key} is a grid, which runs its own number of trials; "
+                    "use {choice: [...]} so every method gets the same budget"
+                )
+        config = config_module.load(base_path, [*shared, *_overrides(entry.get("set"), where)])
+        tune_section = {
+            "metric": metric,
+            "mode": mode,
+            "num_samples": trials,
+            "scheduler": section.get("scheduler", "fifo"),
+            "seed": section.get("search_seed", 0),
+            "space": space,
+        }
+        for key in ("grace_period", "reduction_factor", "allow_test_metric"):
+            if key in section:
+                tune_section[key] = section[key]
+        spec = tune.parse_spec(tune_section, config, source=where)
+        methods.append(Method(str(name), config, spec))
+    report = tuple(section.get("report", [metric.split("/", 1)[-1]]))
+    reference = section.get("reference", methods[0].name)
+    if reference not in {m.name for m in methods}:
+        raise ConfigError(f"{path}: 'compare.reference' {reference!r} is not one of the methods")
+    rounds = {m.config.run.rounds for m in methods}
+    if len(rounds) != 1:
+        raise ConfigError(
+            f"{path}: every method must run the same rounds (an equal budget); got {sorted(rounds)}"
+        )
+    return Comparison(
+        tuple(methods), metric, mode, trials, tuple(seeds), report, reference, str(path)
+    )
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof 1)."""
+    array = np.asarray(values, dtype=np.float64)
+    return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0
+
+
+def run_comparison(
+    comparison: Comparison, out_dir: str | Path, *, address: str | None = None
+) -> dict[str, Any]:
+    """Tune every method with the same budget, re-run the winners on every seed, report."""
+    from raysim import tune
+    from raysim.core.loop import run
+    from raysim.runtime import ray_backend
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    runtime = comparison.methods[0].config.runtime
+    started_ray = ray_backend.connect(runtime, address)  # one Ray for every sweep and re-run
+    results: dict[str, Any] = {}
+    try:
+        for method in comparison.methods:
+            print(f"\n== {method.name}: tuning ({comparison.trials} trials) ==", flush=True)
+            sweep = tune.run_sweep(
+                method.config, method.spec, out_dir / method.name / "tune", address=address
+            )
+            if sweep.best_config is None:
+                raise RaysimError(f"method {method.name}: no trial ran every round")
+            runs = {}
+            for seed in comparison.seeds:
+                print(f"== {method.name}: seed {seed} ==", flush=True)
+                config = sweep.best_config.replace(run__seed=seed)
+                result = run(
+                    config,
+                    out_dir / method.name / f"seed_{seed}",
+                    address=address,
+                    progress=False,
+                    overwrite=True,  # the comparison's own folders
+                )
+                runs[seed] = result.summary
+            results[method.name] = {
+                "best_params": sweep.best["params"],
+                "best_validation": sweep.best[comparison.metric],
+                "trials": len(sweep.rows),
+                "trials_completed": sum(row["status"] == "completed" for row in sweep.rows),
+                "runs": runs,
+            }
+    finally:
+        if started_ray:
+            ray_backend.disconnect()
+    report = _report(comparison, results)
+    report["wall_s"] = time.perf_counter() - started
+    (out_dir / "comparison.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
+    (out_dir / "comparison.md").write_text(report["table"] + "\n")
+    _plot(comparison, out_dir, out_dir / "comparison.png")
+    print("\n" + report["table"], flush=True)
+    print(f"\nwrote {out_dir / 'comparison.md'}, comparison.json and comparison.png", flush=True)
+    return report
+
+
+def _report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str, Any]:
+    seeds = comparison.seeds
+    primary = comparison.report[0]
+    reference = [results[comparison.reference]["runs"][s]["final"].get(primary) for s in seeds]
+    methods: dict[str, Any] = {}
+    for name, result in results.items():
+        entry: dict[str, Any] = {
+            "best_params": result["best_params"],
+            "best_validation": result["best_validation"],
+            "trials": result["trials"],
+            "metrics": {},
+        }
+        for metric in comparison.report:
+            values = [result["runs"][s]["final"].get(metric) for s in seeds]
+            if any(v is None or not math.isfinite(v) for v in values):
+                raise RaysimError(f"method {name}: test metric '{metric}' missing in a re-run")
+            mean, std = _mean_std(values)
+            entry["metrics"][metric] = {"mean": mean, "std": std, "per_seed": values}
+        values = [result["runs"][s]["final"][primary] for s in seeds]
+        ratios = [v / r if r else math.nan for v, r in zip(values, reference, strict=True)]
+        mean, std = _mean_std(ratios)
+        entry["ratio"] = {"mean": mean, "std": std, "per_seed": ratios}
+        methods[name] = entry
+    lines = [
+        f"Comparison {comparison.source}: every method tuned with {comparison.trials} trials "
+        f"on {comparison.metric} ({comparison.mode}), winners re-run on seeds "
+        f"{', '.join(map(str, seeds))}; test metrics, mean ± std (ddof 1) and per seed; ratio = "
+        f"{primary} / {comparison.reference}'s {primary}, per seed.",
+        "",
+        "| method | "
+        + " | ".join(comparison.report)
+        + f" | {primary} per seed | ratio | {comparison.metric} (tuning) | best params |",
+        "| --- |" + " --- |" * (len(comparison.report) + 4),
+    ]
+    for name, entry in methods.items():
+        cells = [
+            f"{entry['metrics'][m]['mean']:.4f} ± {entry['metrics'][m]['std']:.4f}"
+            for m in comparison.report
+        ]
+        per_seed = " / ".join(f"{v:.4f}" for v in entry["metrics"][primary]["per_seed"])
+        ratio = f"{entry['ratio']['mean']:.3f} ± {entry['ratio']['std']:.3f}"
+        params = ", ".join(f"{k}={_short(v)}" for k, v in entry["best_params"].items())
+        lines.append(
+            f"| {name} | {' | '.join(cells)} | {per_seed} | {ratio} | "
+            f"{entry['best_validation']:.4f} | {params} |"
+        )
+    return {
+        "spec": comparison.source,
+        "metric": comparison.metric,
+        "trials_per_method": comparison.trials,
+        "seeds": list(seeds),
+        "reference": comparison.reference,
+        "methods": methods,
+        "table": "\n".join(lines),
+    }
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _plot(comparison: Comparison, out_dir: Path, png_path: Path) -> None:
+    """The first report metric (test) against the round: per method the mean over seeds and
+    a band from the lowest to the highest seed."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    from raysim.outputs import _atomic_write_bytes
+
+    metric = comparison.report[0]
+    figure, axes = pyplot.subplots(figsize=(7, 4.5), dpi=100)
+    for index, method in enumerate(comparison.methods):
+        curves = []
+        for seed in comparison.seeds:
+            path = out_dir / method.name / f"seed_{seed}" / "metrics.jsonl"
+            records = [json.loads(line) for line in path.read_text().splitlines() if line]
+            curves.append({r["round"]: r["eval"][metric] for r in records if "eval" in r})
+        rounds = sorted(set.intersection(*(set(c) for c in curves)))
+        values = np.array([[c[r] for r in rounds] for c in curves])
+        colour = f"C{index % 10}"
+        axes.plot(rounds, values.mean(axis=0), color=colour, label=method.name)
+        axes.fill_between(rounds, values.min(axis=0), values.max(axis=0), color=colour, alpha=0.2)
+    axes.set_xlabel("round")
+    axes.set_ylabel(f"test {metric}")
+    axes.set_title(f"{metric}: mean over seeds {list(comparison.seeds)}, band min-max")
+    axes.legend()
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    pyplot.close(figure)
+    _atomic_write_bytes(png_path, buffer.getvalue())
