@@ -1,0 +1,119 @@
+"""`raysim compare`: equal tuning budgets on validation, winners re-run per seed, a report whose
+every number is traceable to a run folder; and specs that would compare unfairly are refused."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import yaml
+from conftest import DIGITS_CONFIG
+from PIL import Image
+
+from raysim.compare import load_comparison, run_comparison
+from raysim.errors import ConfigError
+
+SHARED = [
+    "data.validation_fraction=0.1",
+    "run.rounds=2",
+    "run.checkpoint_every=0",
+    "partition.num_clients=10",
+    "clients.per_round=3",
+    "runtime.backend=local",
+]
+
+
+def _spec(tmp_path, **changes) -> str:
+    spec = {
+        "base": str(DIGITS_CONFIG),
+        "set": SHARED,
+        "compare": {
+            "metric": "val/accuracy",
+            "trials": 2,
+            "seeds": [0, 1],
+            "report": ["accuracy", "loss"],
+            "reference": "fedavg",
+        },  # fmt: skip
+        "methods": {
+            "fedavg": {"space": {"clients.lr": {"loguniform": [0.01, 0.3]}}},
+            "fedprox": {
+                "set": ["algorithm.name=fedprox"],
+                "space": {"clients.lr": {"loguniform": [0.01, 0.3]}},
+            },
+        },
+    }
+    for key, value in changes.items():
+        section, _, name = key.partition("__")
+        if name:
+            spec[section][name] = value
+        else:
+            spec[section] = value
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"compare__metric": "eval/accuracy"}, "measured on the test split"),
+        ({"compare__seeds": [0]}, "at least 2 distinct seeds"),
+        ({"compare__reference": "fedsgd"}, "'compare.reference' 'fedsgd' is not one"),
+        ({"compare__trials": 0}, "'compare.trials' must be >= 1"),
+        (
+            {"methods__fedprox": {"set": ["algorithm.name=fedprox"], "space": {}}},
+            "an untuned one would be compared unfairly",
+        ),
+        (
+            {"methods__fedprox": {"space": {"clients.lr": [0.01, 0.1, 0.3]}}},
+            "is a grid, which runs its own number of trials",
+        ),
+        (
+            {
+                "methods__fedprox": {
+                    "set": ["run.rounds=5"],
+                    "space": {"clients.lr": {"choice": [0.1]}},
+                }
+            },
+            "every method must run the same rounds",
+        ),
+        ({"compare__trails": 3}, "unknown key 'compare.trails'"),
+    ],
+)
+def test_an_unfair_or_leaky_comparison_is_refused(tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_comparison(_spec(tmp_path, **changes))
+
+
+@pytest.mark.ray
+def test_every_method_gets_the_same_budget_and_the_report_traces_to_the_runs(tmp_path):
+    out = tmp_path / "out"
+    report = run_comparison(load_comparison(_spec(tmp_path)), out)
+    reference = []
+    for name in ("fedavg", "fedprox"):
+        with open(out / name / "tune" / "tune_results.csv") as handle:
+            trials = list(csv.DictReader(handle))
+        assert len(trials) == 2  # the equal budget
+        entry = report["methods"][name]
+        finals = [
+            json.loads((out / name / f"seed_{seed}" / "summary.json").read_text())["final"]
+            for seed in (0, 1)
+        ]
+        for metric in ("accuracy", "loss"):
+            values = [final[metric] for final in finals]
+            assert entry["metrics"][metric]["per_seed"] == values
+            assert entry["metrics"][metric]["mean"] == pytest.approx(np.mean(values))
+            assert entry["metrics"][metric]["std"] == pytest.approx(np.std(values, ddof=1))
+        if name == "fedavg":
+            reference = [final["accuracy"] for final in finals]
+        ratios = [f["accuracy"] / r for f, r in zip(finals, reference, strict=True)]
+        assert entry["ratio"]["per_seed"] == pytest.approx(ratios)
+        # the winner was tuned on validation, and its re-runs kept the validation split
+        assert 0 < entry["best_validation"] <= 1
+        assert all("final_val" in json.loads((out / name / f"seed_{s}" / "summary.json")
+                                             .read_text()) for s in (0, 1))  # fmt: skip
+    assert "| fedavg |" in (out / "comparison.md").read_text()
+    with Image.open(out / "comparison.png") as image:
+        image.verify()
