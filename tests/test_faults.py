@@ -241,9 +241,10 @@ def test_stragglers_past_the_round_deadline_are_cancelled_and_dropped(ray_sessio
 def test_a_round_deadline_shorter_than_a_worker_restart_still_trains(ray_session, tmp_path):
     """Issue item: `run.round_deadline_s` shorter than a worker restart trained nothing. Late
     tasks were cancelled with force (which ends their worker) and the replacements' start-up
-    missed the next deadline too: 0 of 64 updates in 8 rounds of a 1 s deadline. Now a late
-    task is interrupted without ending its worker, and the first round's deadline counts from
-    the first update's arrival, so updates arrive in every round."""
+    missed the next deadline too: 0 of 64 updates in 8 rounds of a 1 s deadline. Now the first
+    round's deadline counts from the first update's arrival (which measures a worker's start),
+    and a round after one that ended workers gets that start time on top of its deadline, so
+    updates arrive in every round."""
     config = _digits(
         "run.rounds=4",
         "clients.per_task=1",

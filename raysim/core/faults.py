@@ -104,12 +104,7 @@ class FaultPlan:
         """Called before a client trains: sleep if it straggles, then fail if it is doomed
         (`hard_exits`: a doomed EXIT really ends the process, as a crashed Ray worker)."""
         if self.straggles(round_index, client_id, attempt):
-            # In short slices: a round deadline cancels a late task by raising
-            # KeyboardInterrupt between bytecodes (keeping its worker), which one long C-level
-            # sleep would hold off until it ends, as a straggler computing in Python would not.
-            wake = time.monotonic() + self.straggler_delay_s
-            while (left := wake - time.monotonic()) > 0:
-                time.sleep(min(left, 0.05))
+            time.sleep(self.straggler_delay_s)
         kind = self.failure(round_index, client_id, attempt)
         if kind is None:
             return

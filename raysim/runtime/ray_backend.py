@@ -330,11 +330,18 @@ class ServerActor:
         self.faults = FaultPlan.from_config(ctx.config)
         self.max_retries = clients.max_retries
         self.deadline_s = ctx.config.run.round_deadline_s
-        # The first round this actor runs includes starting the client workers and their first
-        # use of torch (1-3 s each here), which is not lateness: there the deadline counts from
-        # the first update's arrival (or, if none arrives, WORKER_START_ALLOWANCE_S later).
-        # Timed from the dispatch it dropped every client of the round.
+        # Starting a client worker (Python, torch, the run's data; 1-3 s here) is not lateness.
+        # The first round this actor runs starts them: its deadline counts from the first
+        # update's arrival (or, if none arrives, WORKER_START_ALLOWANCE_S later), and that
+        # arrival's time measures a worker's start. A late task is cancelled with force, which
+        # ends its worker (a plain cancel raises KeyboardInterrupt anywhere in the task, even
+        # inside a module's first import, and leaves a broken worker for later tasks); the
+        # round after such a cancel gets the measured start time on top of its deadline, for
+        # the replacements. Timed from the dispatch without these, a 1 s deadline on 20 ms
+        # rounds trained nothing: 0 of 64 updates in 8 rounds.
         self.first_round = True
+        self.worker_start_s: float | None = None
+        self.workers_ended = False
         self._publish_payload()
         self._prefetched: tuple[int, float, list, list] | None = None
         self.metrics = RoundMetrics(ctx.config.run.name)  # Ray dashboard: rounds, updates, bytes
@@ -394,7 +401,9 @@ class ServerActor:
         starting_workers = self.first_round and deadline is not None
         if starting_workers:
             deadline += WORKER_START_ALLOWANCE_S
-        self.first_round = False
+        elif deadline is not None and self.workers_ended:  # replacements are starting
+            deadline += self.worker_start_s or WORKER_START_ALLOWANCE_S
+        self.first_round = self.workers_ended = False
 
         def submit(client_ids: np.ndarray, attempts: np.ndarray) -> None:
             nonlocal retries
@@ -443,12 +452,9 @@ class ServerActor:
             timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
             done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
             if not done:  # the round's deadline passed: cancel what runs, drop its clients
-                # Not force=True: that kills the worker, and its replacement's start-up (a
-                # second or more) would miss the next round's deadline too, round after round
-                # (0 of 64 updates in 8 rounds of a 1 s deadline on 20 ms rounds). A plain
-                # cancel interrupts the task and keeps the worker; its result is ignored.
                 for ref in pending:
-                    ray.cancel(ref, force=False)
+                    ray.cancel(ref, force=True)  # ends the worker (see __init__)
+                    self.workers_ended = True
                     client_ids, _ = tasks.pop(ref)
                     finish(int(client_ids[0]), [_Dropped(int(c), late=True) for c in client_ids])
                 pending = []
@@ -472,7 +478,9 @@ class ServerActor:
                     finished[int(client_ids[0])] = updates
                     compute_s += task_s
                     if starting_workers:  # a worker is up: from now on the deadline holds
-                        deadline = min(deadline, time.perf_counter() + self.deadline_s)
+                        now = time.perf_counter()
+                        self.worker_start_s = now - started
+                        deadline = min(deadline, now + self.deadline_s)
                         starting_workers = False
             while keys and keys[0] in finished:  # fold in client-id order
                 key = heapq.heappop(keys)
