@@ -8,7 +8,8 @@ MNIST / CIFAR-10 read from `--data-root` (torchvision layout):
       malicious clients, each under the attack made for it (naive scaling, AGR-tailored,
       AGR-tailored, sign flipping, FRL rank reversal), at several rounds (curves, not only
       the end: poisoned runs swing);
-  (b) mean +- std of the final global model's accuracy on each client's own data, and upload /
+  (b) mean +- std of the final global model's test accuracy per client (the test split
+      weighted by the client's label distribution; see per_client_accuracy), and upload /
       download bytes per client per round (exact, as encoded) for FedAvg, SignSGD, TopK, FRL;
   (c) FRL accuracy for k = 10% ... 90% of edges kept;
   (d) FRL vs FedAvg under the three weight initialisations;
@@ -82,6 +83,8 @@ class Study:
         self.common += [
             f"run.rounds={args.rounds}",
             f"run.eval_every={args.eval_every}",
+            # the rounds the tables name are evaluated exactly (not the nearest evaluation)
+            f"run.eval_at=[{', '.join(str(r) for r in args.report_rounds if r <= args.rounds)}]",
             f"run.checkpoint_every={args.rounds}",
             f"runtime.backend={args.backend}",
         ]
@@ -127,12 +130,12 @@ class Study:
         return records
 
     def at(self, records: list[dict], round_number: int) -> str:
-        """Mean (and std over seeds) accuracy at the evaluation closest to `round_number`."""
+        """Mean (and std over seeds) accuracy evaluated at exactly `round_number`."""
         values = []
         for record in records:
-            rounds = sorted(record["curve"])
-            nearest = min(rounds, key=lambda r: abs(r - round_number))
-            values.append(100 * record["curve"][nearest])
+            if round_number not in record["curve"]:
+                raise SystemExit(f"round {round_number} was not evaluated (run.eval_at)")
+            values.append(100 * record["curve"][round_number])
         if len(values) == 1:
             return f"{values[0]:.1f}"
         return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
@@ -174,7 +177,7 @@ class Study:
                 {
                     "method": method,
                     "final accuracy": self.at(records, self.args.rounds),
-                    "client accuracy mean ± std": f"{100 * np.mean(client_accuracy):.1f} ± "
+                    "client test accuracy mean ± std": f"{100 * np.mean(client_accuracy):.1f} ± "
                     f"{100 * np.std(client_accuracy):.1f}",
                     "upload bytes/client/round": summary["bytes_up"] // summary["clients_done"],
                     "download bytes/client/round": summary["bytes_down"] // summary["clients_done"],
@@ -252,17 +255,27 @@ class Study:
 
 
 def per_client_accuracy(cfg, state) -> list[float]:
-    """Accuracy of the final global model on each client's own (training) data."""
+    """Each client's test accuracy of the final global model: its accuracy on the held-out test
+    split drawn with the client's own label distribution. The test points are not split among
+    the clients; each client's test accuracy is the model's accuracy on each class's test
+    points, weighted by the share of that class in the client's training data (the expected
+    accuracy on a test set that follows the client's labels)."""
     dataset = load_dataset(cfg)
     split = split_clients(cfg, dataset)
     ctx = RunContext(cfg, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
     algorithm = build_algorithm(ctx)
+    class_accuracy = np.zeros(dataset.num_classes)
+    for label in range(dataset.num_classes):
+        rows = np.flatnonzero(dataset.test_y == label)
+        if len(rows):
+            metrics = algorithm.evaluate(state, dataset.test_x[rows], dataset.test_y[rows], ctx)
+            class_accuracy[label] = metrics["accuracy"]
     accuracies = []
     for client in range(split.num_clients):
-        rows = split.client_indices(client)
-        if len(rows):
-            metrics = algorithm.evaluate(state, dataset.train_x[rows], dataset.train_y[rows], ctx)
-            accuracies.append(metrics["accuracy"])
+        labels = dataset.train_y[split.client_indices(client)]
+        if len(labels):
+            shares = np.bincount(labels, minlength=dataset.num_classes) / len(labels)
+            accuracies.append(float(shares @ class_accuracy))
     return accuracies
 
 

@@ -37,6 +37,8 @@ class RunConfig:
     seed: int = 0
     rounds: int = 30
     eval_every: int = 1  # evaluate the global model every N rounds (and always after the last)
+    # Rounds (1-based) evaluated besides those: a table that names rounds reads exactly them.
+    eval_at: tuple[int, ...] = ()
     checkpoint_every: int = 10  # write a checkpoint every N rounds (0: only after the last)
     keep_checkpoints: int = 3
     # Ray backend: client tasks still running this many seconds after the round's dispatch are
@@ -557,6 +559,12 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
             raise ConfigError(f"{source}: '{key}' expects a mapping of names to values")
         return dict(value)
+    if str(annotation) == "tuple[int, ...]":  # a list of whole numbers (run.eval_at)
+        if not isinstance(value, list | tuple) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise ConfigError(f"{source}: '{key}' expects a list of whole numbers, got {value!r}")
+        return tuple(sorted(set(value)))
     allowed = [_TYPE_NAMES[t.strip()] for t in str(annotation).split("|")]
     if value is None and type(None) in allowed:
         return None
@@ -610,6 +618,12 @@ def _validate(config: Config, source: str) -> None:
     # progress bar's arithmetic) or a run that never ends.
     require(1 <= run.rounds <= MAX_COUNT, "run.rounds", f">= 1 and <= {MAX_COUNT:.0e}", run.rounds)
     require(run.eval_every >= 1, "run.eval_every", ">= 1", run.eval_every)
+    require(
+        all(1 <= r <= run.rounds for r in run.eval_at),
+        "run.eval_at",
+        f"rounds in [1, run.rounds = {run.rounds}]",
+        list(run.eval_at),
+    )
     require(run.checkpoint_every >= 0, "run.checkpoint_every", ">= 0", run.checkpoint_every)
     require(run.keep_checkpoints >= 1, "run.keep_checkpoints", ">= 1", run.keep_checkpoints)
     require(run.seed >= 0, "run.seed", ">= 0", run.seed)

@@ -88,9 +88,7 @@ def test_an_unfair_or_leaky_comparison_is_refused(tmp_path, changes, message):
 
 
 @pytest.mark.ray
-def test_every_method_gets_the_same_budget_and_the_report_traces_to_the_runs(
-    ray_session, tmp_path
-):
+def test_every_method_gets_the_same_budget_and_the_report_traces_to_the_runs(ray_session, tmp_path):
     out = tmp_path / "out"
     report = run_comparison(load_comparison(_spec(tmp_path)), out)
     reference = []

@@ -127,3 +127,16 @@ def test_a_run_reports_validation_and_test_apart(tmp_path):
         tensorboard=False,
     )
     assert plain.summary["final_val"] is None
+
+
+def test_a_run_evaluates_exactly_the_rounds_eval_at_names(tmp_path):
+    """A table that names round 25 reads round 25, not the nearest evaluated round (the FRL
+    study's '@25' column was the round-20 evaluation)."""
+    cfg = config.load(
+        "configs/fedavg_digits.yaml",
+        ["runtime.backend=local", "run.rounds=7", "run.eval_every=4", "run.eval_at=[3, 5]"],
+    )
+    run(cfg, tmp_path / "run", progress=False, tensorboard=False)
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["round"] for r in records if "eval" in r] == [3, 4, 5, 7]

@@ -418,7 +418,11 @@ def run(
             # only), so a backend may dispatch them as soon as this round's model exists.
             next_info = round_info(round_index + 1) if round_index + 1 < rounds else None
             last = round_index == rounds - 1
-            evaluate = last or (round_index + 1) % config.run.eval_every == 0
+            evaluate = (
+                last
+                or (round_index + 1) % config.run.eval_every == 0
+                or round_index + 1 in config.run.eval_at
+            )
             restarts["round"] = restarts["replayed"] = 0
             stats = with_server(
                 lambda: backend.run_round(info, evaluate, next_info),  # noqa: B023
