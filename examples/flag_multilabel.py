@@ -81,6 +81,9 @@ def split_section(out: Path, seed: int, overrides: list[str]) -> dict:
         print(cmda.describe_report(report, f"[{name}] "), flush=True)
         result[name] = {
             "kl_total": report["kl_total"],
+            "epsilon": report["epsilon"],
+            "zero_cells": report["zero_cells"],
+            "kl_total_by_epsilon": report["kl_total_by_epsilon"],
             "size_ratio": report["size_ratio"],
             "sizes": report["sizes"].tolist(),
             "pngs": [str(p) for p in paths.values()],
@@ -88,10 +91,19 @@ def split_section(out: Path, seed: int, overrides: list[str]) -> dict:
     writer.close()
     ratio = result["kmodes"]["kl_total"] / result["random"]["kl_total"]
     result["kl_ratio"] = ratio
+    # With zero client x label counts the totals rest on epsilon: the ratio at each epsilon.
+    by_epsilon = {
+        eps: result["kmodes"]["kl_total_by_epsilon"][eps] / total
+        for eps, total in result["random"]["kl_total_by_epsilon"].items()
+    }
+    result["kl_ratio_by_epsilon"] = by_epsilon
     print(
         f"CMDA total pairwise KL {result['kmodes']['kl_total']:.4g} vs random "
-        f"{result['random']['kl_total']:.4g} ({ratio:.0f}x); client sizes largest/smallest "
-        f"{result['kmodes']['size_ratio']:.1f}\n",
+        f"{result['random']['kl_total']:.4g} ({ratio:.0f}x at epsilon "
+        f"{result['kmodes']['epsilon']:g}; {result['kmodes']['zero_cells']} zero client x label "
+        "counts, so the ratio depends on epsilon: "
+        + ", ".join(f"{eps:g}: {value:.0f}x" for eps, value in by_epsilon.items())
+        + f"); client sizes largest/smallest {result['kmodes']['size_ratio']:.1f}\n",
         flush=True,
     )
     return result

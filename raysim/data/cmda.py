@@ -16,8 +16,10 @@ This module holds the multi-label algorithms only (on label arrays); the registe
 
 `split_report` measures the label-distribution skew as FLAG's paper measures it:
 Ldist_c[l] = (count_c(l) + eps) / sum_l (count_c(l) + eps), the pairwise KL matrix
-KL(Ldist_i || Ldist_j) and its total; `save_split_plots` draws the KL heatmap and the client size
-bar chart as PNG files (Pillow, no plotting library) and logs them to TensorBoard.
+KL(Ldist_i || Ldist_j) and its total, with epsilon, the count of zero client x label cells and the
+total at several epsilons (zero cells make it depend on epsilon); `save_split_plots` draws the KL
+heatmap (axes, colour bar) and the client size bar chart with matplotlib as PNG files and logs
+them to TensorBoard.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from raysim.data.split import from_assignment as _from_assignment
 from raysim.errors import ConfigError
 
 KL_EPSILON = 1e-3
+# Epsilons at which split_report also gives the total KL: with zero counts the total depends on
+# epsilon (the k-modes / random ratio moves from ~121x to ~319x between 1 and 1e-6).
+KL_SENSITIVITY_EPSILONS = (1.0, 1e-2, 1e-3, 1e-4, 1e-6)
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,15 @@ def split_report(
         "label_distributions": distributions,
         "kl_matrix": kl,
         "kl_total": float(kl.sum()),
+        "epsilon": float(epsilon),
+        # client x label cells without a sample: there KL rests on epsilon alone, so the total
+        # moves with it (reported at several epsilons below)
+        "zero_cells": int(np.count_nonzero(counts == 0)),
+        "cells": int(counts.size),
+        "kl_total_by_epsilon": {
+            eps: float(pairwise_kl(label_distributions(counts, eps)).sum())
+            for eps in KL_SENSITIVITY_EPSILONS
+        },
         "size_ratio": float(nonempty.max() / nonempty.min()) if len(nonempty) else float("nan"),
     }
 
@@ -242,7 +256,12 @@ def describe_report(report: dict[str, Any], title: str = "") -> str:
     lines = [
         f"{title}clients {len(sizes)}  sizes min {sizes.min()} max {sizes.max()} "
         f"(largest/smallest {report['size_ratio']:.2f})  total pairwise KL "
-        f"{report['kl_total']:.4g}",
+        f"{report['kl_total']:.4g} at epsilon {report['epsilon']:g}; "
+        f"{report['zero_cells']} of {report['cells']} client x label counts are 0; total at "
+        "epsilon "
+        + ", ".join(
+            f"{eps:g}: {total:.4g}" for eps, total in report["kl_total_by_epsilon"].items()
+        ),
         f"{'client':>6} {'size':>7}  top labels (label:count)",
     ]
     for client, counts in enumerate(report["label_counts"]):
@@ -252,62 +271,70 @@ def describe_report(report: dict[str, Any], title: str = "") -> str:
     return "\n".join(lines)
 
 
-# --- plots (PNG via Pillow; the same images go to TensorBoard) --------------------------------
+# --- plots (matplotlib; the same images go to TensorBoard) ------------------------------------
 
 
-def _viridis(values: np.ndarray) -> np.ndarray:
-    """A small viridis-like colour map: values in [0, 1] -> uint8 RGB."""
-    anchors = np.array(
-        [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], float
-    )
-    position = np.clip(values, 0, 1) * (len(anchors) - 1)
-    low = np.floor(position).astype(int).clip(0, len(anchors) - 2)
-    fraction = (position - low)[..., None]
-    return (anchors[low] * (1 - fraction) + anchors[low + 1] * fraction).astype(np.uint8)
+def _figure_image(figure) -> np.ndarray:
+    """An RGB uint8 array of a matplotlib figure (then closed)."""
+    import io
+
+    from matplotlib import pyplot
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    pyplot.close(figure)
+    buffer.seek(0)
+    return np.asarray(Image.open(buffer).convert("RGB"))
 
 
-def heatmap_image(matrix: np.ndarray, title: str, cell: int = 36) -> np.ndarray:
-    """RGB uint8 image of a square matrix with row/column numbers, values and a title."""
-    from PIL import Image, ImageDraw
+def heatmap_image(matrix: np.ndarray, title: str, epsilon: float | None = None) -> np.ndarray:
+    """The pairwise KL matrix: rows P_i, columns P_j, cell KL(P_i || P_j), a colour bar; the
+    values are printed in the cells when there are few clients."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
 
     size = len(matrix)
-    margin, top = 40, 30
-    image = Image.new("RGB", (margin + size * cell + 10, top + margin + size * cell), "white")
-    draw = ImageDraw.Draw(image)
-    draw.text((margin, 8), title, fill="black")
-    peak = float(matrix.max()) if matrix.size and matrix.max() > 0 else 1.0
-    colours = _viridis(matrix / peak)
-    for i in range(size):
-        draw.text((8, top + margin + i * cell + cell // 3), str(i), fill="black")
-        draw.text((margin + i * cell + cell // 3, top + 12), str(i), fill="black")
-        for j in range(size):
-            x0, y0 = margin + j * cell, top + margin + i * cell
-            draw.rectangle([x0, y0, x0 + cell - 1, y0 + cell - 1], fill=tuple(colours[i, j]))
-            value = matrix[i, j]
-            text = f"{value:.2f}" if value < 10 else f"{value:.0f}"
-            shade = "white" if matrix[i, j] / peak < 0.5 else "black"
-            draw.text((x0 + 3, y0 + cell // 3), text, fill=shade)
-    return np.asarray(image)
+    figure, axes = pyplot.subplots(figsize=(1.6 + 0.45 * max(size, 6), 1.0 + 0.4 * max(size, 6)))
+    shown = axes.imshow(matrix, cmap="viridis")
+    colour_bar = figure.colorbar(shown, ax=axes)
+    colour_bar.set_label("KL(P_i || P_j)" + (f", epsilon {epsilon:g}" if epsilon else ""))
+    axes.set_xlabel("client j")
+    axes.set_ylabel("client i")
+    axes.set_title(title, fontsize=9)
+    if size <= 16:
+        axes.set_xticks(range(size))
+        axes.set_yticks(range(size))
+        peak = float(matrix.max()) if matrix.size else 0.0
+        for i in range(size):
+            for j in range(size):
+                value = matrix[i, j]
+                shade = "white" if peak <= 0 or value < peak / 2 else "black"
+                text = f"{value:.2f}" if value < 10 else f"{value:.0f}"
+                axes.text(j, i, text, ha="center", va="center", fontsize=6, color=shade)
+    figure.tight_layout()
+    return _figure_image(figure)
 
 
-def bar_chart_image(values: np.ndarray, title: str, height: int = 200, bar: int = 28) -> np.ndarray:
-    """RGB uint8 bar chart (one bar per client, value printed above it) with a title."""
-    from PIL import Image, ImageDraw
+def bar_chart_image(values: np.ndarray, title: str) -> np.ndarray:
+    """Client sizes: one bar per client, with axis labels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
 
     count = len(values)
-    left, top, bottom = 10, 40, 20
-    image = Image.new("RGB", (left * 2 + count * bar, top + height + bottom), "white")
-    draw = ImageDraw.Draw(image)
-    draw.text((left, 8), title, fill="black")
-    peak = max(float(np.max(values)), 1.0) if count else 1.0
-    for i, value in enumerate(values):
-        bar_height = int(round(height * float(value) / peak))
-        x0 = left + i * bar
-        y0 = top + height - bar_height
-        draw.rectangle([x0 + 2, y0, x0 + bar - 3, top + height], fill=(59, 82, 139))
-        draw.text((x0 + 2, max(top - 12, y0 - 12)), str(int(value)), fill="black")
-        draw.text((x0 + bar // 3, top + height + 4), str(i), fill="black")
-    return np.asarray(image)
+    figure, axes = pyplot.subplots(figsize=(max(4.0, 0.4 * count + 1.5), 3.2))
+    axes.bar(np.arange(count), values, color="C0")
+    axes.set_xlabel("client")
+    axes.set_ylabel("training samples")
+    axes.set_title(title, fontsize=9)
+    if count <= 32:
+        axes.set_xticks(range(count))
+    figure.tight_layout()
+    return _figure_image(figure)
 
 
 def save_split_plots(
@@ -321,7 +348,10 @@ def save_split_plots(
     out_dir.mkdir(parents=True, exist_ok=True)
     images = {
         "kl_heatmap": heatmap_image(
-            report["kl_matrix"], f"{prefix}: pairwise KL, total {report['kl_total']:.4g}"
+            report["kl_matrix"],
+            f"{prefix}: pairwise KL, total {report['kl_total']:.4g} "
+            f"({report['zero_cells']} of {report['cells']} label counts are 0)",
+            report.get("epsilon"),
         ),
         "sizes": bar_chart_image(report["sizes"], f"{prefix}: client sizes"),
     }
