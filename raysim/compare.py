@@ -27,8 +27,9 @@ method, paired by seed, with its spread. A spec:
 
 Tuning runs through `raysim.tune.run_sweep` (Ray Tune; the trials on the seed of the base
 config), the re-runs through THE round loop. Outputs: OUT/METHOD/tune/ (the sweep),
-OUT/METHOD/seed_S/ (each re-run), OUT/comparison.md and .json, OUT/comparison.png (the
-reference metric against the round per method: the mean over seeds with a min-max band).
+OUT/METHOD/seed_S/ (each re-run), OUT/comparison.md and .json, OUT/comparison.png (the first
+report metric against the round per method, and its ratio to the reference method: the mean
+over seeds with a min-max band).
 """
 
 from __future__ import annotations
@@ -310,8 +311,9 @@ def _short(value: Any) -> str:
 
 
 def _plot(comparison: Comparison, out_dir: Path, png_path: Path) -> None:
-    """The first report metric (test) against the round: per method the mean over seeds and
-    a band from the lowest to the highest seed."""
+    """Left: the first report metric (test) against the round, per method the mean over seeds
+    with a band from the lowest to the highest seed. Right: each method's ratio to the
+    reference method at each round (per seed, paired), mean over seeds with its band."""
     import io
 
     import matplotlib
@@ -322,22 +324,35 @@ def _plot(comparison: Comparison, out_dir: Path, png_path: Path) -> None:
     from raysim.outputs import _atomic_write_bytes
 
     metric = comparison.report[0]
-    figure, axes = pyplot.subplots(figsize=(7, 4.5), dpi=100)
-    for index, method in enumerate(comparison.methods):
-        curves = []
+    curves: dict[str, list[dict[int, float]]] = {}
+    for method in comparison.methods:
+        curves[method.name] = []
         for seed in comparison.seeds:
             path = out_dir / method.name / f"seed_{seed}" / "metrics.jsonl"
             records = [json.loads(line) for line in path.read_text().splitlines() if line]
-            curves.append({r["round"]: r["eval"][metric] for r in records if "eval" in r})
-        rounds = sorted(set.intersection(*(set(c) for c in curves)))
-        values = np.array([[c[r] for r in rounds] for c in curves])
+            curves[method.name].append(
+                {r["round"]: r["eval"][metric] for r in records if "eval" in r}
+            )
+    rounds = sorted(set.intersection(*(set(c) for runs in curves.values() for c in runs)))
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(12, 4.5), dpi=100)
+    reference = np.array([[c[r] for r in rounds] for c in curves[comparison.reference]])
+    for index, (name, runs) in enumerate(curves.items()):
+        values = np.array([[c[r] for r in rounds] for c in runs])
         colour = f"C{index % 10}"
-        axes.plot(rounds, values.mean(axis=0), color=colour, label=method.name)
-        axes.fill_between(rounds, values.min(axis=0), values.max(axis=0), color=colour, alpha=0.2)
-    axes.set_xlabel("round")
-    axes.set_ylabel(f"test {metric}")
-    axes.set_title(f"{metric}: mean over seeds {list(comparison.seeds)}, band min-max")
-    axes.legend()
+        left.plot(rounds, values.mean(axis=0), color=colour, label=name)
+        left.fill_between(rounds, values.min(axis=0), values.max(axis=0), color=colour, alpha=0.2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = values / reference
+        right.plot(rounds, ratio.mean(axis=0), color=colour, label=name)
+        right.fill_between(rounds, ratio.min(axis=0), ratio.max(axis=0), color=colour, alpha=0.2)
+    left.set_xlabel("round")
+    left.set_ylabel(f"test {metric}")
+    left.set_title(f"{metric}: mean over seeds {list(comparison.seeds)}, band min-max", fontsize=9)
+    left.legend(fontsize=8)
+    right.set_xlabel("round")
+    right.set_ylabel(f"{metric} / {comparison.reference}'s {metric}")
+    right.set_title("ratio to the reference, per seed: mean, band min-max", fontsize=9)
+    right.legend(fontsize=8)
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
