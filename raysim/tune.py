@@ -40,6 +40,7 @@ import csv
 import dataclasses
 import math
 import os
+import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -383,6 +384,9 @@ def run_sweep(
 
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    # Tune replaces the process's SIGINT handler and leaves it so: restored below, or a later
+    # run in this process (`raysim compare` re-runs the winners) would not stop on Ctrl-C.
+    sigint_handler = signal.getsignal(signal.SIGINT)
     # Trials work in the driver's folder (relative paths mean the same as in `raysim run`).
     previous_chdir = os.environ.get("RAY_CHDIR_TO_TRIAL_DIR")
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"  # Tune passes it on to the trials
@@ -436,6 +440,8 @@ def run_sweep(
         grid = tuner.fit()
         rows = _rows(grid, spec, config.run.rounds)
     finally:
+        if sigint_handler is not None:
+            signal.signal(signal.SIGINT, sigint_handler)
         if previous_chdir is None:
             os.environ.pop("RAY_CHDIR_TO_TRIAL_DIR", None)
         else:

@@ -38,7 +38,7 @@ def test_version_and_info_with_options_and_defaults(run_cli):
     info = run_cli(["info", "algorithm", "fedaws"])
     assert info.returncode == 0, info.stderr
     options = {line.split()[0]: line for line in info.stdout.splitlines()[2:]}
-    assert "default 100" in options["k"] and "default 10.0" in options["lambda"]
+    assert "default 10" in options["k"] and "default 10.0" in options["lambda"]
     assert "default 'topk'" in options["spreadout"]
     listing = run_cli(["info", "index"])
     assert {"exact", "faiss_ivf", "hnsw"} <= {
