@@ -16,27 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# The tiny FedAwS run (12 one-class clients) the corpus sends its messages to.
+from corpus.numbers import TINY_FEDAWS as TINY
+
 from raysim import config as config_module
 from raysim.core.aggregators import LinearAccumulator, Sum, WeightedMean, contributions_of, total
 from raysim.core.state import ClientUpdate, ReducedUpdate, RoundInfo
 from raysim.errors import ConfigError, RaysimError
-
-TINY = {
-    "run": {"seed": 3, "rounds": 1, "eval_every": 1, "checkpoint_every": 0},
-    "data": {
-        "name": "synthetic_xml",
-        "num_labels": 12,
-        "num_features": 64,
-        "num_train": 96,
-        "num_test": 24,
-    },
-    "partition": {"name": "one_class", "num_clients": 12},
-    "clients": {"per_round": 4, "local_epochs": 1, "batch_size": 8, "lr": 1.0},
-    "server": {"optimizer": "adam", "lr": 0.01, "eps": 1.0e-6},
-    "model": {"name": "xml_embedding_bag", "bag_dim": 4, "hidden": [4], "embedding_dim": 4},
-    "algorithm": {"name": "fedaws", "k": 2, "class_lr": 0.1, "spreadout": "none"},
-    "runtime": {"backend": "local"},
-}
 
 NEAR_LIMIT = np.float32(2**20 - 1)  # |value x samples| must stay below 2^20: the largest allowed
 
