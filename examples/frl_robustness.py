@@ -143,6 +143,7 @@ class Study:
     # --- the tables -----------------------------------------------------------------------------
     def table_a(self) -> None:
         rows = []
+        curves: dict[tuple[str, float], list[dict[int, float]]] = {}
         for method in ("FedAvg", "Trimmed-mean", "Multi-Krum", "SignSGD", "FRL"):
             attack = METHODS[method][2]
             for fraction in self.args.fractions:
@@ -163,7 +164,9 @@ class Study:
                 for round_number in self.args.report_rounds:
                     row[f"acc@{round_number}"] = self.at(records, round_number)
                 rows.append(row)
+                curves[(method, fraction)] = [record["curve"] for record in records]
         self.tables["a_robustness"] = rows
+        plot_robustness(curves, self.args.fractions, self.out / "a_robustness.png")
 
     def table_b(self) -> None:
         rows = []
@@ -252,6 +255,36 @@ class Study:
         (self.out / "tables.md").write_text(text)
         print("\n" + text)
         print(f"saved CSV and markdown tables in {self.out}")
+
+
+def plot_robustness(curves, fractions, path: Path) -> None:
+    """Table (a) as curves: one panel per malicious fraction, test accuracy against the round
+    for each method under its attack (mean over seeds, band from the lowest to the highest)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(
+        1, len(fractions), figsize=(4.5 * len(fractions), 3.8), squeeze=False, sharey=True
+    )
+    methods = list(dict.fromkeys(method for method, _ in curves))
+    for panel, fraction in zip(axes[0], fractions, strict=True):
+        for index, method in enumerate(methods):
+            runs = curves[(method, fraction)]
+            rounds = sorted(set.intersection(*(set(curve) for curve in runs)))
+            values = 100 * np.array([[curve[r] for r in rounds] for curve in runs])
+            colour = f"C{index}"
+            panel.plot(rounds, values.mean(axis=0), color=colour, label=method)
+            panel.fill_between(rounds, values.min(axis=0), values.max(axis=0), color=colour,
+                               alpha=0.2)  # fmt: skip
+        panel.set_title(f"{int(fraction * 100)}% malicious", fontsize=10)
+        panel.set_xlabel("round")
+    axes[0][0].set_ylabel("test accuracy (%)")
+    axes[0][-1].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    pyplot.close(figure)
 
 
 def per_client_accuracy(cfg, state) -> list[float]:
