@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 # The tiny FedAwS run (12 one-class clients) the corpus sends its messages to.
-from corpus.numbers import TINY_FEDAWS as TINY
+from corpus.numbers import tiny_fedaws_setup
 
 from raysim import config as config_module
 from raysim.core.aggregators import LinearAccumulator, Sum, WeightedMean, contributions_of, total
@@ -29,17 +29,7 @@ NEAR_LIMIT = np.float32(2**20 - 1)  # |value x samples| must stay below 2^20: th
 
 @pytest.fixture(scope="module")
 def fedaws_setup():
-    from raysim.core.clients import single_class_of_clients
-    from raysim.core.loop import load_dataset, run_context, split_clients
-    from raysim.core.server import Server
-
-    config = config_module.from_dict(TINY)
-    dataset = load_dataset(config)
-    split = split_clients(config, dataset)
-    ctx = run_context(config, dataset)
-    classes = single_class_of_clients(dataset.train_y, split.indices, split.offsets)
-    server = Server(ctx, dataset.test_x, dataset.test_y, classes)
-    return ctx, dataset, split, classes, server
+    return tiny_fedaws_setup()
 
 
 def _message(server, value: float, class_id: int, bag_ids=()) -> dict:

@@ -175,8 +175,9 @@ TINY_FEDAWS = {
 NEAR_LIMIT = 2**20 - 1  # |value x samples| must stay below 2^20: the largest a client may send
 
 
-def _fedaws():
-    """(ctx, server, client_classes) of a 12-class FedAwS run, one class per client."""
+def tiny_fedaws_setup():
+    """(ctx, dataset, split, client_classes, server) of the 12-class FedAwS run above, one
+    class per client (also the fixture of tests/test_overflow_and_ranges.py)."""
     from raysim import config
     from raysim.core.clients import single_class_of_clients
     from raysim.core.loop import load_dataset, run_context, split_clients
@@ -187,7 +188,13 @@ def _fedaws():
     split = split_clients(run_config, dataset)
     ctx = run_context(run_config, dataset)
     classes = single_class_of_clients(dataset.train_y, split.indices, split.offsets)
-    return ctx, Server(ctx, dataset.test_x, dataset.test_y, classes), classes
+    return ctx, dataset, split, classes, Server(ctx, dataset.test_x, dataset.test_y, classes)
+
+
+def _fedaws():
+    """(ctx, server, client_classes) of the tiny FedAwS run."""
+    ctx, _, _, classes, server = tiny_fedaws_setup()
+    return ctx, server, classes
 
 
 def _message(server, value: float, class_id, bag_ids=(), bag_value=None) -> dict:
