@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from raysim import config as config_module
 from raysim.config import Config
@@ -96,14 +95,7 @@ def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparis
     from raysim import tune
 
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"comparison spec not found: {path}")
-    try:
-        raw = yaml.load(path.read_text(), Loader=config_module._YamlLoader) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(error).split())}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping with base, compare and methods")
+    raw = config_module.read_yaml_mapping(path, "comparison spec", "with base, compare and methods")
     unknown = set(raw) - {"base", "set", "compare", "methods"}
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected base, set, "

@@ -290,6 +290,21 @@ _PLUGIN_SECTIONS: dict[str, tuple[registry.Registry, str]] = {
 _SECTION_TYPES = {f.name: f for f in dataclasses.fields(Config)}
 
 
+def read_yaml_mapping(path: str | Path, what: str, expected: str) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping (a sweep, a comparison spec), read with the
+    config loader (so `1e-3` is a float as in `raysim run`); errors are one line naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} not found: {path}")
+    try:
+        raw = yaml.load(path.read_text(), Loader=_YamlLoader) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(error).split())}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping {expected} at the top level")
+    return raw
+
+
 def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     """Read a YAML config file and apply `a.b=value` overrides."""
     path = Path(path)

@@ -124,15 +124,7 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Config,
     `--set tune.num_samples=4` style overrides change the tune section; others the experiment.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        # The config module's loader, so `1e-3` reads as a float exactly as in `raysim run`.
-        raw = yaml.load(path.read_text(), Loader=config_module._YamlLoader) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: invalid YAML: {error}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    raw = config_module.read_yaml_mapping(path, "config file", "of sections")
     tune_section = raw.pop("tune", None)
     if tune_section is None:
         raise ConfigError(
