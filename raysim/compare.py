@@ -17,6 +17,9 @@ method, paired by seed, with its spread. A spec:
       report: [p@1, p@3, p@5]             # test metrics in the table (the first is the ratio's)
       reference: softmax                  # ratios are method / reference, per seed
       search_seed: 0                      # the seed of every method's search
+    scenarios:                            # optional: the winners are re-run under each
+      clean: []                           # (tuning is on the method's config as it stands)
+      malicious_20pct: [attack.fraction=0.2]
     methods:
       fedaws:
         set: [algorithm.name=fedaws]
@@ -24,12 +27,21 @@ method, paired by seed, with its spread. A spec:
       softmax:
         set: ["algorithm={name: fedaws_softmax}"]
         space: {clients.lr: {loguniform: [0.01, 1.0]}}
+      frl:
+        base: frl_digits.yaml             # a method may start from its own experiment config
+        space: {clients.lr: {loguniform: [0.1, 2.0]}}
+
+Scenarios are what a method must withstand without being tuned for it (an attack, a data
+shift): the winner chosen on the method's own validation runs is re-run under each scenario's
+overrides, so a defence is not tuned against the attack it is scored on. A scenario may not set
+a key of a method's search space (that would replace the tuned value).
 
 Tuning runs through `raysim.tune.run_sweep` (Ray Tune; the trials on the seed of the base
 config), the re-runs through THE round loop. Outputs: OUT/METHOD/tune/ (the sweep),
-OUT/METHOD/seed_S/ (each re-run), OUT/comparison.md and .json, OUT/comparison.png (the first
-report metric against the round per method, and its ratio to the reference method: the mean
-over seeds with a min-max band).
+OUT/METHOD/seed_S/ (each re-run; OUT/METHOD/SCENARIO/seed_S/ with scenarios),
+OUT/comparison.md and .json, OUT/comparison.png (the first report metric against the round per
+method, and its ratio to the reference method: the mean over seeds with a min-max band; a row
+per scenario).
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -69,6 +82,11 @@ class Method:
     config: Config  # the base config with the comparison's and the method's overrides
     spec: Any  # raysim.tune.SweepSpec: the method's space under the comparison's budget
 
+    def run_dir(self, out_dir: Path, scenario: str | None, seed: int) -> Path:
+        """Where the winner's re-run on `seed` under `scenario` (None: no scenarios) lives."""
+        base = out_dir / self.name if scenario is None else out_dir / self.name / scenario
+        return base / f"seed_{seed}"
+
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
@@ -80,6 +98,10 @@ class Comparison:
     report: tuple[str, ...]
     reference: str
     source: str
+    # name -> overrides of each re-run; {None: ()} when the spec names no scenarios
+    scenarios: Mapping[str | None, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: {None: ()}
+    )
 
 
 def _overrides(value: Any, where: str) -> list[str]:
@@ -96,15 +118,13 @@ def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparis
 
     path = Path(path)
     raw = config_module.read_yaml_mapping(path, "comparison spec", "with base, compare and methods")
-    unknown = set(raw) - {"base", "set", "compare", "methods"}
+    unknown = set(raw) - {"base", "set", "compare", "methods", "scenarios"}
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected base, set, "
-                          "compare, methods")  # fmt: skip
+                          "compare, methods, scenarios")  # fmt: skip
     if not isinstance(raw.get("base"), str):
         raise ConfigError(f"{path}: 'base' must name the experiment config file")
-    base_path = (path.parent / raw["base"]).resolve()
-    if not base_path.is_file():
-        base_path = Path(raw["base"]).resolve()
+    base_path = _config_path(path, raw["base"])
     shared = _overrides(raw.get("set"), f"{path}: 'set'") + list(overrides)
     section = raw.get("compare")
     if not isinstance(section, dict):
@@ -136,11 +156,14 @@ def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparis
         raise ConfigError(f"{path}: 'methods' must map at least 2 method names to their set/space")
     metric = section.get("metric", "val/accuracy")
     mode = section.get("mode", "max")
+    scenarios = _scenarios(raw.get("scenarios"), path)
     methods = []
     for name, entry in methods_raw.items():
         where = f"{path}: method '{name}'"
-        if not isinstance(entry, dict) or set(entry) - {"set", "space"}:
-            raise ConfigError(f"{where} must be a mapping with 'set' and 'space'")
+        if not isinstance(entry, dict) or set(entry) - {"set", "space", "base"}:
+            raise ConfigError(f"{where} must be a mapping with 'set' and 'space' (and 'base')")
+        if "base" in entry and not isinstance(entry["base"], str):
+            raise ConfigError(f"{where}: 'base' must name an experiment config file")
         space = entry.get("space")
         if not isinstance(space, dict) or not space:
             raise ConfigError(
@@ -153,7 +176,19 @@ def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparis
                     f"{where}: space key {key} is a grid, which runs its own number of trials; "
                     "use {choice: [...]} so every method gets the same budget"
                 )
-        config = config_module.load(base_path, [*shared, *_overrides(entry.get("set"), where)])
+        method_base = _config_path(path, entry["base"]) if "base" in entry else base_path
+        config = config_module.load(method_base, [*shared, *_overrides(entry.get("set"), where)])
+        for scenario, scenario_overrides in scenarios.items():
+            tuned = {o.split("=", 1)[0].strip() for o in scenario_overrides} & set(space)
+            if tuned:
+                raise ConfigError(
+                    f"{path}: scenario '{scenario}' sets {sorted(tuned)}, which method '{name}' "
+                    "tunes: the re-run would not be the tuned winner"
+                )
+            try:  # checked now, not after hours of tuning
+                config_module.from_dict(config.to_dict(), scenario_overrides)
+            except ConfigError as error:
+                raise ConfigError(f"{where}, scenario '{scenario}': {error}") from None
         tune_section = {
             "metric": metric,
             "mode": mode,
@@ -177,8 +212,33 @@ def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparis
             f"{path}: every method must run the same rounds (an equal budget); got {sorted(rounds)}"
         )
     return Comparison(
-        tuple(methods), metric, mode, trials, tuple(seeds), report, reference, str(path)
+        tuple(methods), metric, mode, trials, tuple(seeds), report, reference, str(path), scenarios
     )
+
+
+def _config_path(spec_path: Path, name: str) -> Path:
+    """An experiment config named in a spec: relative to the spec's folder, else as given."""
+    candidate = (spec_path.parent / name).resolve()
+    return candidate if candidate.is_file() else Path(name).resolve()
+
+
+SCENARIO_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _scenarios(value: Any, path: Path) -> dict[str | None, tuple[str, ...]]:
+    if value is None:
+        return {None: ()}
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"{path}: 'scenarios' must map scenario names to lists of overrides")
+    scenarios: dict[str | None, tuple[str, ...]] = {}
+    for name, overrides in value.items():
+        if not isinstance(name, str) or not SCENARIO_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{path}: scenario name {name!r} must be 1-64 letters, digits, '_', '.' or '-' "
+                "(it names the re-runs' folder)"
+            )
+        scenarios[name] = tuple(_overrides(overrides, f"{path}: scenario '{name}'"))
+    return scenarios
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -209,18 +269,25 @@ def run_comparison(
             )
             if sweep.best_config is None:
                 raise RaysimError(f"method {method.name}: no trial ran every round")
-            runs = {}
-            for seed in comparison.seeds:
-                print(f"== {method.name}: seed {seed} ==", flush=True)
-                config = sweep.best_config.replace(run__seed=seed)
-                result = run(
-                    config,
-                    out_dir / method.name / f"seed_{seed}",
-                    address=address,
-                    progress=False,
-                    overwrite=True,  # the comparison's own folders
-                )
-                runs[seed] = result.summary
+            runs: dict[str | None, dict[int, Any]] = {}
+            for scenario, scenario_overrides in comparison.scenarios.items():
+                runs[scenario] = {}
+                for seed in comparison.seeds:
+                    under = "" if scenario is None else f", scenario {scenario}"
+                    print(f"== {method.name}: seed {seed}{under} ==", flush=True)
+                    config = config_module.from_dict(
+                        sweep.best_config.to_dict(),
+                        [*scenario_overrides, f"run.seed={seed}"],
+                        source=f"method {method.name}, scenario {scenario}",
+                    )
+                    result = run(
+                        config,
+                        method.run_dir(out_dir, scenario, seed),
+                        address=address,
+                        progress=False,
+                        overwrite=True,  # the comparison's own folders
+                    )
+                    runs[scenario][seed] = result.summary
             results[method.name] = {
                 "best_params": sweep.best["params"],
                 "best_validation": sweep.best[comparison.metric],
@@ -242,52 +309,75 @@ def run_comparison(
 
 
 def _report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str, Any]:
+    """Per method (and scenario): each report metric's mean ± std over seeds with the per-seed
+    values, and the first metric's ratio to the reference method's, paired by seed (under the
+    same scenario). Without scenarios a method's entry holds `metrics` and `ratio` directly;
+    with them, `scenarios: {name: {metrics, ratio}}`."""
     seeds = comparison.seeds
     primary = comparison.report[0]
-    reference = [results[comparison.reference]["runs"][s]["final"].get(primary) for s in seeds]
     methods: dict[str, Any] = {}
-    for name, result in results.items():
-        entry: dict[str, Any] = {
-            "best_params": result["best_params"],
-            "best_validation": result["best_validation"],
-            "trials": result["trials"],
-            "metrics": {},
-        }
-        for metric in comparison.report:
-            values = [result["runs"][s]["final"].get(metric) for s in seeds]
-            if any(v is None or not math.isfinite(v) for v in values):
-                raise RaysimError(f"method {name}: test metric '{metric}' missing in a re-run")
-            mean, std = _mean_std(values)
-            entry["metrics"][metric] = {"mean": mean, "std": std, "per_seed": values}
-        values = [result["runs"][s]["final"][primary] for s in seeds]
-        ratios = [v / r if r else math.nan for v, r in zip(values, reference, strict=True)]
-        mean, std = _mean_std(ratios)
-        entry["ratio"] = {"mean": mean, "std": std, "per_seed": ratios}
-        methods[name] = entry
     lines = [
         f"Comparison {comparison.source}: every method tuned with {comparison.trials} trials "
         f"on {comparison.metric} ({comparison.mode}), winners re-run on seeds "
-        f"{', '.join(map(str, seeds))}; test metrics, mean ± std (ddof 1) and per seed; ratio = "
-        f"{primary} / {comparison.reference}'s {primary}, per seed.",
-        "",
-        "| method | "
-        + " | ".join(comparison.report)
-        + f" | {primary} per seed | ratio | {comparison.metric} (tuning) | best params |",
-        "| --- |" + " --- |" * (len(comparison.report) + 4),
+        f"{', '.join(map(str, seeds))}"
+        + (
+            ""
+            if None in comparison.scenarios
+            else f" under each scenario ({', '.join(map(str, comparison.scenarios))})"
+        )  # fmt: skip
+        + f"; test metrics, mean ± std (ddof 1) and per seed; ratio = {primary} / "
+        f"{comparison.reference}'s {primary}, per seed.",
     ]
-    for name, entry in methods.items():
-        cells = [
-            f"{entry['metrics'][m]['mean']:.4f} ± {entry['metrics'][m]['std']:.4f}"
-            for m in comparison.report
+    for name, result in results.items():
+        methods[name] = {
+            "best_params": result["best_params"],
+            "best_validation": result["best_validation"],
+            "trials": result["trials"],
+        }
+    for scenario in comparison.scenarios:
+        reference_runs = results[comparison.reference]["runs"][scenario]
+        reference = [reference_runs[s]["final"].get(primary) for s in seeds]
+        if scenario is not None:
+            lines += ["", f"Scenario {scenario}: {list(comparison.scenarios[scenario])}"]
+        lines += [
+            "",
+            "| method | "
+            + " | ".join(comparison.report)
+            + f" | {primary} per seed | ratio | {comparison.metric} (tuning) | best params |",
+            "| --- |" + " --- |" * (len(comparison.report) + 4),
         ]
-        per_seed = " / ".join(f"{v:.4f}" for v in entry["metrics"][primary]["per_seed"])
-        ratio = f"{entry['ratio']['mean']:.3f} ± {entry['ratio']['std']:.3f}"
-        params = ", ".join(f"{k}={_short(v)}" for k, v in entry["best_params"].items())
-        lines.append(
-            f"| {name} | {' | '.join(cells)} | {per_seed} | {ratio} | "
-            f"{entry['best_validation']:.4f} | {params} |"
-        )
-    return {
+        for name, result in results.items():
+            runs = result["runs"][scenario]
+            entry: dict[str, Any] = {"metrics": {}}
+            for metric in comparison.report:
+                values = [runs[s]["final"].get(metric) for s in seeds]
+                if any(v is None or not math.isfinite(v) for v in values):
+                    raise RaysimError(
+                        f"method {name}: test metric '{metric}' missing in a re-run"
+                        + ("" if scenario is None else f" (scenario {scenario})")
+                    )
+                mean, std = _mean_std(values)
+                entry["metrics"][metric] = {"mean": mean, "std": std, "per_seed": values}
+            values = [runs[s]["final"][primary] for s in seeds]
+            ratios = [v / r if r else math.nan for v, r in zip(values, reference, strict=True)]
+            mean, std = _mean_std(ratios)
+            entry["ratio"] = {"mean": mean, "std": std, "per_seed": ratios}
+            if scenario is None:
+                methods[name].update(entry)
+            else:
+                methods[name].setdefault("scenarios", {})[scenario] = entry
+            cells = [
+                f"{entry['metrics'][m]['mean']:.4f} ± {entry['metrics'][m]['std']:.4f}"
+                for m in comparison.report
+            ]
+            per_seed = " / ".join(f"{v:.4f}" for v in entry["metrics"][primary]["per_seed"])
+            ratio = f"{entry['ratio']['mean']:.3f} ± {entry['ratio']['std']:.3f}"
+            params = ", ".join(f"{k}={_short(v)}" for k, v in result["best_params"].items())
+            lines.append(
+                f"| {name} | {' | '.join(cells)} | {per_seed} | {ratio} | "
+                f"{result['best_validation']:.4f} | {params} |"
+            )
+    report = {
         "spec": comparison.source,
         "metric": comparison.metric,
         "trials_per_method": comparison.trials,
@@ -296,6 +386,9 @@ def _report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str, Any
         "methods": methods,
         "table": "\n".join(lines),
     }
+    if None not in comparison.scenarios:
+        report["scenarios"] = {k: list(v) for k, v in comparison.scenarios.items()}
+    return report
 
 
 def _short(value: Any) -> str:
@@ -305,7 +398,8 @@ def _short(value: Any) -> str:
 def _plot(comparison: Comparison, out_dir: Path, png_path: Path) -> None:
     """Left: the first report metric (test) against the round, per method the mean over seeds
     with a band from the lowest to the highest seed. Right: each method's ratio to the
-    reference method at each round (per seed, paired), mean over seeds with its band."""
+    reference method at each round (per seed, paired), mean over seeds with its band. One
+    row per scenario."""
     import io
 
     import matplotlib
@@ -316,35 +410,45 @@ def _plot(comparison: Comparison, out_dir: Path, png_path: Path) -> None:
     from raysim.outputs import _atomic_write_bytes
 
     metric = comparison.report[0]
-    curves: dict[str, list[dict[int, float]]] = {}
-    for method in comparison.methods:
-        curves[method.name] = []
-        for seed in comparison.seeds:
-            path = out_dir / method.name / f"seed_{seed}" / "metrics.jsonl"
-            records = [json.loads(line) for line in path.read_text().splitlines() if line]
-            curves[method.name].append(
-                {r["round"]: r["eval"][metric] for r in records if "eval" in r}
-            )
-    rounds = sorted(set.intersection(*(set(c) for runs in curves.values() for c in runs)))
-    figure, (left, right) = pyplot.subplots(1, 2, figsize=(12, 4.5), dpi=100)
-    reference = np.array([[c[r] for r in rounds] for c in curves[comparison.reference]])
-    for index, (name, runs) in enumerate(curves.items()):
-        values = np.array([[c[r] for r in rounds] for c in runs])
-        colour = f"C{index % 10}"
-        left.plot(rounds, values.mean(axis=0), color=colour, label=name)
-        left.fill_between(rounds, values.min(axis=0), values.max(axis=0), color=colour, alpha=0.2)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = values / reference
-        right.plot(rounds, ratio.mean(axis=0), color=colour, label=name)
-        right.fill_between(rounds, ratio.min(axis=0), ratio.max(axis=0), color=colour, alpha=0.2)
-    left.set_xlabel("round")
-    left.set_ylabel(f"test {metric}")
-    left.set_title(f"{metric}: mean over seeds {list(comparison.seeds)}, band min-max", fontsize=9)
-    left.legend(fontsize=8)
-    right.set_xlabel("round")
-    right.set_ylabel(f"{metric} / {comparison.reference}'s {metric}")
-    right.set_title("ratio to the reference, per seed: mean, band min-max", fontsize=9)
-    right.legend(fontsize=8)
+    scenarios = list(comparison.scenarios)
+    figure, axes = pyplot.subplots(
+        len(scenarios), 2, figsize=(12, 4.5 * len(scenarios)), dpi=100, squeeze=False
+    )
+    for (left, right), scenario in zip(axes, scenarios, strict=True):
+        curves: dict[str, list[dict[int, float]]] = {}
+        for method in comparison.methods:
+            curves[method.name] = []
+            for seed in comparison.seeds:
+                path = method.run_dir(out_dir, scenario, seed) / "metrics.jsonl"
+                records = [json.loads(line) for line in path.read_text().splitlines() if line]
+                curves[method.name].append(
+                    {r["round"]: r["eval"][metric] for r in records if "eval" in r}
+                )
+        rounds = sorted(set.intersection(*(set(c) for runs in curves.values() for c in runs)))
+        reference = np.array([[c[r] for r in rounds] for c in curves[comparison.reference]])
+        for index, (name, runs) in enumerate(curves.items()):
+            values = np.array([[c[r] for r in rounds] for c in runs])
+            colour = f"C{index % 10}"
+            left.plot(rounds, values.mean(axis=0), color=colour, label=name)
+            left.fill_between(rounds, values.min(axis=0), values.max(axis=0), color=colour,
+                              alpha=0.2)  # fmt: skip
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = values / reference
+            right.plot(rounds, ratio.mean(axis=0), color=colour, label=name)
+            right.fill_between(rounds, ratio.min(axis=0), ratio.max(axis=0), color=colour,
+                               alpha=0.2)  # fmt: skip
+        under = "" if scenario is None else f"{scenario}: "
+        left.set_xlabel("round")
+        left.set_ylabel(f"test {metric}")
+        left.set_title(
+            f"{under}{metric}: mean over seeds {list(comparison.seeds)}, band min-max", fontsize=9
+        )
+        left.legend(fontsize=8)
+        right.set_xlabel("round")
+        right.set_ylabel(f"{metric} / {comparison.reference}'s {metric}")
+        right.set_title(f"{under}ratio to the reference, per seed: mean, band min-max",
+                        fontsize=9)  # fmt: skip
+        right.legend(fontsize=8)
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")

@@ -117,3 +117,64 @@ def test_every_method_gets_the_same_budget_and_the_report_traces_to_the_runs(ray
     assert "| fedavg |" in (out / "comparison.md").read_text()
     with Image.open(out / "comparison.png") as image:
         image.verify()
+
+
+@pytest.mark.parametrize(
+    ("scenarios", "message"),
+    [
+        ({"lr_shift": ["clients.lr=0.5"]}, "sets ['clients.lr'], which method 'fedavg' tunes"),
+        ({"a b": []}, "scenario name 'a b' must be"),
+        ({"bad": ["attack.fraction=2"]}, "scenario 'bad'"),
+        ({"bad": "attack.fraction=0.1"}, "scenario 'bad' must be a list"),
+    ],
+)
+def test_a_scenario_that_would_replace_a_tuned_value_or_is_malformed_is_refused(
+    tmp_path, scenarios, message
+):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        load_comparison(_spec(tmp_path, scenarios=scenarios))
+
+
+@pytest.mark.ray
+def test_winners_are_re_run_under_each_scenario_untuned_for_it(ray_session, tmp_path):
+    """The winner tuned on the method's own config is re-run under every scenario; each
+    scenario's table is paired with the reference's runs under the same scenario."""
+    out = tmp_path / "out"
+    scenarios = {"clean": [], "noisy": ["faults.client_failure_rate=0.3"]}
+    spec = _spec(
+        tmp_path,
+        scenarios=scenarios,
+        methods={
+            "fedavg": {"space": {"clients.lr": {"loguniform": [0.01, 0.3]}}},
+            "fedprox": {  # a method may start from its own experiment config
+                "base": str(DIGITS_CONFIG),
+                "set": ["algorithm.name=fedprox"],
+                "space": {"clients.lr": {"loguniform": [0.01, 0.3]}},
+            },
+        },
+    )
+    report = run_comparison(load_comparison(spec), out)
+    assert report["scenarios"] == scenarios
+    for name in ("fedavg", "fedprox"):
+        best = report["methods"][name]["best_params"]["clients.lr"]
+        for scenario in scenarios:
+            entry = report["methods"][name]["scenarios"][scenario]
+            finals = []
+            for seed in (0, 1):
+                folder = out / name / scenario / f"seed_{seed}"
+                config = yaml.safe_load((folder / "config.yaml").read_text())
+                assert config["clients"]["lr"] == pytest.approx(best)  # the tuned winner
+                assert config["faults"]["client_failure_rate"] == (0.3 if scenario == "noisy" else 0)
+                finals.append(json.loads((folder / "summary.json").read_text())["final"])
+            assert entry["metrics"]["accuracy"]["per_seed"] == [f["accuracy"] for f in finals]
+            reference = report["methods"]["fedavg"]["scenarios"][scenario]["metrics"]
+            ratios = [
+                f["accuracy"] / r
+                for f, r in zip(finals, reference["accuracy"]["per_seed"], strict=True)
+            ]
+            assert entry["ratio"]["per_seed"] == pytest.approx(ratios)
+    table = (out / "comparison.md").read_text()
+    assert "Scenario clean" in table and "Scenario noisy" in table
+    with Image.open(out / "comparison.png") as image:
+        image.verify()
+        assert image.size[1] > image.size[0] / 2  # a row of panels per scenario
