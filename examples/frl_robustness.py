@@ -18,6 +18,12 @@ MNIST / CIFAR-10 read from `--data-root` (torchvision layout):
 Every run goes through `raysim.core.loop.run` with a config from configs/ plus overrides; one
 Ray session serves all runs. Tables are printed and saved as CSV and markdown in --out.
 
+`--protocol` runs table (a) under the comparison protocol instead (configs/compare_frl.yaml
+through `raysim compare`): every method tuned with the same budget on validation, the winners
+re-run on 3 seeds clean and under their attacks, accuracy at exactly the spec's `run.eval_at`
+rounds and each client's test accuracy, mean ± std.
+
+    python examples/frl_robustness.py --protocol --out runs/frl_protocol   # ~1 h on 2 cores
     python examples/frl_robustness.py                       # all tables on digits
     python examples/frl_robustness.py --tables a --rounds 300 --report-rounds 60 150 300
     python examples/frl_robustness.py --data mnist --data-root /data/torchvision
@@ -312,6 +318,77 @@ def per_client_accuracy(cfg, state) -> list[float]:
     return accuracies
 
 
+ATTACK_SCENARIOS = {"clean": 0.0, "malicious_10pct": 0.1, "malicious_20pct": 0.2}
+
+
+def protocol(out: Path, overrides: list[str]) -> None:
+    """Table (a) under the protocol: `raysim compare configs/compare_frl.yaml` into `out` (an
+    existing comparison there is reused), then per method and scenario the test accuracy at
+    each `run.eval_at` round (mean ± std over seeds) and the final models' per-client test
+    accuracy (mean ± std over the clients of every seed)."""
+    from raysim import compare, load_run
+
+    spec = CONFIGS / "compare_frl.yaml"
+    comparison = compare.load_comparison(spec, overrides)
+    if (out / "comparison.json").is_file():
+        print(f"using the comparison already in {out} (delete it to run it again)", flush=True)
+        report = json.loads((out / "comparison.json").read_text())
+    else:
+        report = compare.run_comparison(comparison, out)
+    rows = []
+    curves: dict[tuple[str, float], list[dict[int, float]]] = {}
+    for method in comparison.methods:
+        for scenario in comparison.scenarios:
+            accuracy_at: dict[int, list[float]] = {}
+            client_accuracy: list[float] = []
+            curves[(method.name, ATTACK_SCENARIOS[scenario])] = []
+            for seed in comparison.seeds:
+                record = load_run(method.run_dir(out, scenario, seed))
+                if not record.summary or record.state.round != record.config.run.rounds:
+                    raise SystemExit(f"{record.out_dir}: the run did not finish")
+                evaluated = {m["round"]: m["eval"]["accuracy"] for m in record.metrics
+                             if "eval" in m}  # fmt: skip
+                curves[(method.name, ATTACK_SCENARIOS[scenario])].append(evaluated)
+                for round_number in record.config.run.eval_at:
+                    accuracy_at.setdefault(round_number, []).append(100 * evaluated[round_number])
+                client_accuracy += per_client_accuracy(record.config, record.state)
+            attack = record.config.attack
+            row = {
+                "method": method.name,
+                "malicious": f"{attack.fraction:.0%}",
+                "attack": attack.name if attack.fraction else "none",
+            }
+            for round_number, values in accuracy_at.items():
+                row[f"acc@{round_number}"] = (
+                    f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+                )
+            row["client test acc, mean ± std"] = (
+                f"{100 * np.mean(client_accuracy):.1f} ± {100 * np.std(client_accuracy):.1f}"
+            )
+            row["tuned (val)"] = ", ".join(
+                f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in report["methods"][method.name]["best_params"].items()
+            )
+            rows.append(row)
+    plot_robustness(curves, sorted(set(ATTACK_SCENARIOS.values())), out / "a_robustness.png")
+    columns = list(rows[0])
+    with open(out / "table_a_protocol.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [
+        f"# FRL study under the protocol ({spec.name}): {comparison.trials} trials per method "
+        f"on {comparison.metric}, seeds {list(comparison.seeds)}; accuracy in %",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    (out / "table_a_protocol.md").write_text("\n".join(lines) + "\n")
+    print("\n" + "\n".join(lines))
+    print(f"saved table_a_protocol.md / .csv and a_robustness.png in {out}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
@@ -376,7 +453,24 @@ def main(argv=None) -> int:
         help="one Ray session for every run, or in-process",
     )
     parser.add_argument("--out", default="runs/frl_robustness", help="output folder")
+    parser.add_argument(
+        "--protocol",
+        action="store_true",
+        help="table (a) under the comparison protocol (configs/compare_frl.yaml: equal tuning "
+        "on validation, 3 seeds, per-client test accuracy); ignores the other options but --set",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --protocol: an override every method gets (e.g. run.rounds=50)",
+    )
     args = parser.parse_args(argv)
+    if args.protocol:
+        protocol(Path(args.out), args.overrides)
+        return 0
     # Rows and columns in numeric order whatever order the values were typed in; each value
     # is its own run (memoised by its overrides), so the order changes no number.
     args.fractions = sorted(args.fractions)
