@@ -164,7 +164,8 @@ def test_winners_are_re_run_under_each_scenario_untuned_for_it(ray_session, tmp_
                 folder = out / name / scenario / f"seed_{seed}"
                 config = yaml.safe_load((folder / "config.yaml").read_text())
                 assert config["clients"]["lr"] == pytest.approx(best)  # the tuned winner
-                assert config["faults"]["client_failure_rate"] == (0.3 if scenario == "noisy" else 0)
+                failure_rate = config["faults"]["client_failure_rate"]
+                assert failure_rate == (0.3 if scenario == "noisy" else 0)
                 finals.append(json.loads((folder / "summary.json").read_text())["final"])
             assert entry["metrics"]["accuracy"]["per_seed"] == [f["accuracy"] for f in finals]
             reference = report["methods"]["fedavg"]["scenarios"][scenario]["metrics"]

@@ -110,3 +110,16 @@ def test_heatmap_image_maps_low_to_dark_and_high_to_yellow():
     assert tuple(image[0, 0]) == (18, 10, 84) and tuple(image[0, 1]) == (252, 232, 36)
     with pytest.raises(ValueError, match="2-D"):
         heatmap_image(np.zeros(3))
+
+
+def test_the_native_event_checksum_equals_tensorboards_own():
+    """Event records are checksummed by google-crc32c (raysim.outputs._use_native_crc32c);
+    TensorBoard's pure-Python masked CRC-32C is the reference, on every length class."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from raysim.outputs import _masked_crc32c
+
+    rng = np.random.default_rng(0)
+    for length in (0, 1, 3, 4, 7, 8, 9, 63, 64, 65, 1000, 4099):
+        data = rng.integers(0, 256, length, dtype=np.uint8).tobytes()
+        assert _masked_crc32c(data) == masked_crc32c(data), length
