@@ -17,7 +17,7 @@ from torch import nn
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
-from raysim.core.training import local_training
+from raysim.core.training import fresh_sgd, local_training
 from raysim.metrics import evaluate_classifier
 from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
 from raysim.runtime.devices import autocast, client_device, server_device
@@ -107,11 +107,8 @@ class DeltaAveraging:
         way); `mixed_precision` runs the forward pass and the loss under bfloat16 autocast.
         """
         clients = ctx.config.clients
-        optimizer = torch.optim.SGD(
-            model.parameters(),
-            lr=clients.lr,
-            momentum=clients.momentum,
-            weight_decay=clients.weight_decay,
+        optimizer = fresh_sgd(
+            model, lr=clients.lr, momentum=clients.momentum, weight_decay=clients.weight_decay
         )
 
         def loss_fn(batch: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,38 @@ This module imports nothing from raysim.algorithms.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
+
+_SGD_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def fresh_sgd(
+    model: torch.nn.Module, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0
+) -> torch.optim.SGD:
+    """An SGD optimizer over all of `model`'s parameters in the state of a new one.
+
+    Built once per model object and reset for every client: constructing torch's SGD costs
+    ~25 us (a tenth of a small client's training); a reset one is exactly a new one, since
+    SGD's only state is the momentum buffer (cleared) and its hyperparameters (set again).
+    Clients reuse one cached model per worker (raysim.models.vector.cached_model), so this
+    is one optimizer per worker."""
+    parameters = list(model.parameters())
+    optimizer = _SGD_CACHE.get(model)
+    if optimizer is None or not _same_tensors(optimizer.param_groups[0]["params"], parameters):
+        optimizer = torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        _SGD_CACHE[model] = optimizer
+        return optimizer
+    optimizer.state.clear()
+    group = optimizer.param_groups[0]
+    group.update(lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return optimizer
+
+
+def _same_tensors(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
+    return len(first) == len(second) and all(a is b for a, b in zip(first, second, strict=True))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -1,0 +1,57 @@
+"""raysim through its public API, `raysim.run(...)`, on the local or the Ray backend.
+
+The config is the workload's raysim overrides (recorded in the .npz by run.py) plus the backend,
+the round count and `run.eval_every` = rounds (one evaluation, after the last round). Every
+output stays on as in the config defaults: metrics.jsonl, summary.json, TensorBoard, curves,
+checkpoints every `run.checkpoint_every` rounds and at the last. Round times are the differences
+of consecutive `elapsed_s` in metrics.jsonl (as benchmarks/throughput.py takes them). The
+.npz's client schedule and batch orders were drawn by raysim's own sampling functions from this
+config and seed, so this run trains the same clients in the same order. Prints one JSON line.
+
+    python benchmarks/peers/raysim_worker.py --workload FILE.npz --backend local --out DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import emit, load_workload, quiet_stdout, worker_args  # noqa: E402
+
+
+def main(argv=None) -> int:
+    args = worker_args(argv, backend=(str, "local"), out=(str, None))
+    import ray
+    import torch  # noqa: F401 - versions below
+
+    import raysim
+
+    work = load_workload(args.workload)
+    rounds = work.rounds
+    overrides = list(work.meta["raysim_overrides"]) + [
+        f"runtime.backend={args.backend}",
+        f"run.rounds={rounds}",
+        f"run.eval_every={rounds}",
+        f"run.name=peers_{work.meta['workload']}_{args.backend}",
+    ]
+    with quiet_stdout():
+        result = raysim.run({}, args.out, overrides=overrides, progress=False, overwrite=True)
+    lines = (Path(args.out) / "metrics.jsonl").read_text().splitlines()
+    elapsed = [json.loads(line)["elapsed_s"] for line in lines]
+    times = [b - a for a, b in zip([0.0, *elapsed], elapsed, strict=False)]
+    emit(
+        f"raysim_{args.backend}",
+        times,
+        float(result.summary["final"]["accuracy"]),
+        rounds,
+        {"raysim": raysim.__version__, "ray": ray.__version__},
+        out_dir=str(args.out),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

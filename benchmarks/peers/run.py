@@ -1,0 +1,480 @@
+"""Seconds per federated round: raysim (Ray backend, local backend) against its peers.
+
+Systems, each run as its own worker process that prints one JSON line:
+  raysim_ray    raysim.run(...) on the Ray backend (raysim_worker.py, this Python)
+  raysim_local  raysim.run(...) on the in-process backend (raysim_worker.py, this Python)
+  pfl           pfl-research (`pfl` ~0.6): FederatedAveraging.run over a SimulatedBackend
+                (peer_pfl.py, in benchmarks/peers/.venvs/pfl)
+  flower        Flower (`flwr` ~1.42): its Simulation Runtime (run_simulation: ServerApp with
+                the message-API FedAvg strategy, ClientApp) with the Ray backend replaced by a
+                one-worker in-process backend, since Flower ships none (peer_flower.py, in
+                benchmarks/peers/.venvs/flower)
+  plain         a sequential PyTorch loop, no framework, no outputs (plain.py, this Python);
+                measured with 1 and with 2 torch threads (plain_1t, plain_2t), the faster of
+                the two in a repetition is that repetition's floor
+
+One workload is exported once from raysim's own generators to WORK_DIR/WORKLOAD.npz: the data
+and test split (raysim's load_dataset), the client split (raysim's partitioner), the clients of
+every round (raysim.core.sampling.sample_clients), every client's batch order in every round
+and epoch (torch.randperm from raysim's client_generator(seed, round, client), as raysim's
+local training draws it), the initial weights (raysim's build_model) and the local training
+(plain SGD, lr, epochs, batch size). Every system reads that file, so all train the same
+clients on the same batches from the same start, and their final test accuracies must agree
+within a few points (a warning line says when they do not: then the timing comparison is void).
+
+Workloads (raysim overrides of benchmarks/throughput.py, imported from it):
+  tiny   digits, MLP 64-128-10, 100 iid clients, 10 a round, 1 epoch, batch 16, lr 0.05
+  many   the same with 1000 clients, 100 a round (1-2 samples a client: per-client overhead)
+  heavy  LeNet on 1x28x28 synthetic images, 200 clients x 64 samples, 50 a round, batch 16
+
+raysim runs with its full outputs on (metrics.jsonl, TensorBoard, checkpoints every
+`run.checkpoint_every` rounds as in the config defaults) and evaluates once, after the last
+round (`run.eval_every` = rounds); its round times are differences of consecutive `elapsed_s`
+in metrics.jsonl. Every worker's round runs from the start of one round to the start of the
+next (the last: to the end of its aggregation), so each includes what that system does between
+rounds. The first rounds of every run are warm-up (process start, imports, Ray's workers) and
+are dropped; a system's time in a repetition is its median over the rest.
+
+Systems are rotated within each repetition (repetition r starts at system r mod n) so that no
+system always runs first or last on a machine whose load drifts. Per repetition: each system's
+median s/round and its ratio to pfl's. The table reports the median over repetitions of those
+ratios and of the s/round, the ratio to the floor, and the final test accuracy beside them.
+Prints the table and writes JSON (--out; the exported workloads, raysim's run folders and every
+worker's log go to --work-dir).
+
+Peers live in their own virtual environments, made on request (never raysim dependencies):
+
+    python benchmarks/peers/run.py --setup          # create missing venvs, then run
+    python benchmarks/peers/run.py [--workloads tiny many heavy] [--systems ...]
+                                   [--repeats 3] [--rounds N] [--out FILE] [--work-dir DIR]
+
+`--setup` makes benchmarks/peers/.venvs/NAME with `python -m venv --system-site-packages` (so
+torch and numpy come from this Python's site-packages) and pip-installs the peer into it.
+Without it, a peer whose venv is missing is skipped with a line naming the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+VENVS = HERE / ".venvs"
+SETUP_COMMAND = "python benchmarks/peers/run.py --setup"
+
+# Peer name -> what its venv holds and which worker runs in it.
+PEERS = {
+    "pfl": {"requirement": "pfl~=0.6.0", "module": "pfl", "script": "peer_pfl.py"},
+    "flower": {"requirement": "flwr~=1.42.0", "module": "flwr", "script": "peer_flower.py"},
+}
+SYSTEMS = ("raysim_ray", "raysim_local", "pfl", "flower", "plain")
+LABELS = {
+    "raysim_ray": "raysim (Ray backend)",
+    "raysim_local": "raysim (local backend)",
+    "pfl": "pfl",
+    "flower": "Flower",
+    "plain_1t": "plain, 1 thread",
+    "plain_2t": "plain, 2 threads",
+    "floor": "plain floor (faster)",
+}
+# Final accuracies of systems that trained the same thing may differ by float summation order
+# only; more than this (a fraction) means they did not, and the timings compare nothing.
+ACCURACY_TOLERANCE = 0.03
+
+
+def workloads() -> dict[str, dict[str, Any]]:
+    """The raysim overrides of benchmarks/throughput.py's workloads, and `many` made from tiny."""
+    sys.path.insert(0, str(HERE.parent))
+    from throughput import WORKLOADS
+
+    tiny, heavy = WORKLOADS["tiny"], WORKLOADS["heavy"]
+    many = [
+        o for o in tiny["overrides"]
+        if not o.startswith(("partition.num_clients=", "clients.per_round="))
+    ] + ["partition.num_clients=1000", "clients.per_round=100"]
+    return {
+        "tiny": {"rounds": tiny["rounds"], "warmup": tiny["warmup"],
+                 "overrides": list(tiny["overrides"])},
+        "many": {"rounds": 20, "warmup": 3, "overrides": many},
+        "heavy": {"rounds": heavy["rounds"], "warmup": heavy["warmup"],
+                  "overrides": list(heavy["overrides"])},
+    }
+
+
+def export_workload(name: str, spec: dict[str, Any], rounds: int, path: Path) -> dict[str, Any]:
+    """Everything a system needs to train what raysim trains, drawn by raysim's own code."""
+    import numpy as np
+    import torch
+
+    from raysim import config as config_module
+    from raysim.core.algorithm import RunContext
+    from raysim.core.loop import load_dataset, split_clients
+    from raysim.core.sampling import client_generator, sample_clients
+    from raysim.models.vector import build_model, get_vector
+
+    config = config_module.from_dict({}, spec["overrides"] + [f"run.rounds={rounds}"])
+    if config.algorithm.name != "fedavg" or config.clients.momentum or config.clients.weight_decay:
+        raise SystemExit(f"{name}: the peers implement FedAvg with plain SGD only")
+    dataset = load_dataset(config)
+    split = split_clients(config, dataset)
+    ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
+    model = build_model(ctx)
+    seed, clients = config.run.seed, config.clients
+    sizes = np.diff(split.offsets)
+    schedule = np.stack(
+        [sample_clients(seed, r, split.num_clients, clients.per_round) for r in range(rounds)]
+    )
+    orders, offsets = [], [0]
+    for r in range(rounds):
+        for client_id in schedule[r]:
+            generator = client_generator(seed, r, int(client_id))
+            for _ in range(clients.local_epochs):
+                order = torch.randperm(int(sizes[client_id]), generator=generator).numpy()
+                orders.append(order)
+                offsets.append(offsets[-1] + len(order))
+    tensors = [
+        [key, list(t.shape)] for key, t in model.state_dict().items() if t.is_floating_point()
+    ]
+    meta = {
+        "workload": name,
+        "raysim_overrides": spec["overrides"],
+        "seed": seed,
+        "rounds": rounds,
+        "warmup": spec["warmup"],
+        "num_clients": int(split.num_clients),
+        "per_round": int(clients.per_round),
+        "local_epochs": int(clients.local_epochs),
+        "batch_size": int(clients.batch_size),
+        "lr": float(clients.lr),
+        "model": config.model.name,
+        "model_options": dict(config.model.options),
+        "input_shape": list(dataset.train_x.shape[1:]),
+        "num_classes": int(dataset.num_classes),
+        "tensors": tensors,
+        "train_rows": int(len(dataset.train_y)),
+        "client_sizes": [int(sizes.min()), int(sizes.max())],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(
+        path,
+        meta=np.array(json.dumps(meta)),
+        train_x=np.ascontiguousarray(dataset.train_x, dtype=np.float32),
+        train_y=np.asarray(dataset.train_y, dtype=np.int64),
+        test_x=np.ascontiguousarray(dataset.test_x, dtype=np.float32),
+        test_y=np.asarray(dataset.test_y, dtype=np.int64),
+        offsets=np.asarray(split.offsets, dtype=np.int64),
+        indices=np.asarray(split.indices, dtype=np.int64),
+        schedule=schedule.astype(np.int64),
+        order_offsets=np.asarray(offsets, dtype=np.int64),
+        order_flat=np.concatenate(orders).astype(np.int64),
+        init_params=get_vector(model),
+    )
+    return meta
+
+
+# --- peer environments --------------------------------------------------------------------------
+
+
+def venv_python(peer: str) -> Path:
+    return VENVS / peer / "bin" / "python"
+
+
+def setup_peer(peer: str) -> None:
+    """Create the peer's venv (system site-packages visible) and pip-install the peer."""
+    target = VENVS / peer
+    requirement = PEERS[peer]["requirement"]
+    if not venv_python(peer).exists():
+        command = [sys.executable, "-m", "venv", "--system-site-packages", str(target)]
+        print(f"setup: {' '.join(command)}", flush=True)
+        subprocess.run(command, check=True)
+    command = [str(venv_python(peer)), "-m", "pip", "install", "--quiet", requirement]
+    print(f"setup: {' '.join(command)}", flush=True)
+    if subprocess.run(command).returncode != 0:
+        raise SystemExit(f"setup of {peer} failed ({' '.join(command)})")
+    probe = subprocess.run(
+        [str(venv_python(peer)), "-c", "import torch; print(torch.__file__)"],
+        capture_output=True, text=True,
+    )
+    if str(target.resolve()) in probe.stdout:
+        print(f"setup: warning: {peer}'s venv installed its own torch ({probe.stdout.strip()})")
+
+
+def peer_version(peer: str) -> tuple[str | None, str]:
+    """(version, '') when the peer's venv imports it, else (None, why not)."""
+    python = venv_python(peer)
+    if not python.exists():
+        return None, (
+            f"skipping {peer}: no virtual environment at {python.parent.parent} "
+            f"(create it with: {SETUP_COMMAND})"
+        )
+    module = PEERS[peer]["module"]
+    probe = subprocess.run(
+        [str(python), "-c", f"import {module}; print({module}.__version__)"],
+        capture_output=True, text=True,
+    )
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return None, (
+            f"skipping {peer}: its venv {python.parent.parent} cannot import {module} ({last}); "
+            f"recreate it with: {SETUP_COMMAND}"
+        )
+    return probe.stdout.strip(), ""
+
+
+def other_ray_cluster() -> str | None:
+    """A raylet already running on this machine (another Ray cluster), if any."""
+    if shutil.which("pgrep") is None:
+        return None
+    found = subprocess.run(["pgrep", "-f", "ray/raylet/raylet"], capture_output=True, text=True)
+    pids = found.stdout.split()
+    return pids[0] if pids else None
+
+
+# --- running the systems ------------------------------------------------------------------------
+
+
+def run_command(run: str, npz: Path, work_dir: Path, tag: str) -> list[str]:
+    if run.startswith("raysim_"):
+        out = work_dir / "runs" / tag
+        return [sys.executable, str(HERE / "raysim_worker.py"), "--workload", str(npz),
+                "--backend", run.removeprefix("raysim_"), "--out", str(out)]
+    if run.startswith("plain_"):
+        threads = run.removeprefix("plain_").removesuffix("t")
+        return [sys.executable, str(HERE / "plain.py"), "--workload", str(npz),
+                "--threads", threads]
+    return [str(venv_python(run)), str(HERE / PEERS[run]["script"]), "--workload", str(npz)]
+
+
+def run_worker(command: list[str], log: Path, timeout: float) -> tuple[dict | None, str]:
+    """Run one worker; (its JSON record, '') or (None, why it failed)."""
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", PYTHONDONTWRITEBYTECODE="1")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as stderr:
+        try:
+            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                  env=env, timeout=timeout, cwd=HERE.parent.parent)
+        except subprocess.TimeoutExpired:
+            return None, f"timed out after {timeout:.0f} s (log: {log})"
+    for line in reversed(done.stdout.strip().splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "round_s" in record:
+            return record, ""
+    tail = " | ".join(log.read_text().strip().splitlines()[-3:])[-400:]
+    return None, f"exit {done.returncode}, no result line (log: {log}): {tail}"
+
+
+def median_after_warmup(times: list[float], warmup: int) -> float:
+    return statistics.median(times[warmup:])
+
+
+def summarise(name: str, meta: dict, reps: list[dict[str, dict]], warmup: int) -> dict:
+    """Per repetition: median s/round per run, ratios to pfl and to the floor; then medians."""
+    runs = sorted({run for rep in reps for run in rep}, key=_order)
+    per_rep = []
+    for rep in reps:
+        medians = {run: median_after_warmup(r["round_s"], warmup) for run, r in rep.items()}
+        plains = {run: s for run, s in medians.items() if run.startswith("plain_")}
+        if plains:
+            medians["floor"] = min(plains.values())
+        per_rep.append(medians)
+    rows: dict[str, dict[str, Any]] = {}
+    for run in [*runs, *(["floor"] if any("floor" in m for m in per_rep) else [])]:
+        seconds = [m[run] for m in per_rep if run in m]
+        to_pfl = [m[run] / m["pfl"] for m in per_rep if run in m and "pfl" in m]
+        to_floor = [m[run] / m["floor"] for m in per_rep if run in m and "floor" in m]
+        if run == "floor":
+            accuracies = [rep[min((k for k in rep if k.startswith("plain_")),
+                                  key=lambda k: median_after_warmup(rep[k]["round_s"], warmup))]
+                          ["accuracy"] for rep in reps if any(k.startswith("plain_") for k in rep)]
+            fastest = [min((k for k in rep if k.startswith("plain_")),
+                           key=lambda k: median_after_warmup(rep[k]["round_s"], warmup))
+                       for rep in reps if any(k.startswith("plain_") for k in rep)]
+        else:
+            accuracies = [rep[run]["accuracy"] for rep in reps if run in rep]
+            fastest = None
+        rows[run] = {
+            "median_round_s": statistics.median(seconds),
+            "ratio_to_pfl": statistics.median(to_pfl) if to_pfl else None,
+            "ratio_to_floor": statistics.median(to_floor) if to_floor else None,
+            "accuracy": statistics.median(accuracies),
+            "repetitions": len(seconds),
+            "per_repetition_round_s": seconds,
+            "per_repetition_ratio_to_pfl": to_pfl,
+        }
+        if fastest is not None:
+            rows[run]["faster_plain_per_repetition"] = fastest
+        else:
+            first = next(rep[run] for rep in reps if run in rep)
+            rows[run]["versions"] = first.get("versions", {})
+            rows[run]["torch_threads"] = first.get("torch_threads")
+    return rows
+
+
+def _order(run: str) -> int:
+    names = ["raysim_ray", "raysim_local", "pfl", "flower", "plain_1t", "plain_2t", "floor"]
+    return names.index(run) if run in names else len(names)
+
+
+def print_table(name: str, meta: dict, rows: dict, warmup: int, repeats: int) -> list[str]:
+    print(
+        f"\n{name}: {meta['model']} {meta['input_shape']}, {meta['num_clients']} clients "
+        f"({meta['client_sizes'][0]}-{meta['client_sizes'][1]} samples), {meta['per_round']} "
+        f"a round, {meta['rounds']} rounds ({warmup} warm-up dropped), {repeats} repetitions"
+    )
+    print(f"  {'system':<24}{'s/round':>10}{'x pfl':>9}{'x floor':>9}{'accuracy':>10}")
+    for run, row in rows.items():
+        to_pfl = f"{row['ratio_to_pfl']:.2f}" if row["ratio_to_pfl"] is not None else "-"
+        to_floor = f"{row['ratio_to_floor']:.2f}" if row["ratio_to_floor"] is not None else "-"
+        print(f"  {LABELS.get(run, run):<24}{row['median_round_s']:>10.4f}{to_pfl:>9}"
+              f"{to_floor:>9}{row['accuracy']:>10.4f}")
+    warnings = []
+    accuracies = {run: row["accuracy"] for run, row in rows.items() if run != "floor"}
+    if len(accuracies) > 1:
+        spread = max(accuracies.values()) - min(accuracies.values())
+        if spread > ACCURACY_TOLERANCE:
+            listed = ", ".join(f"{LABELS.get(k, k)} {v:.4f}" for k, v in accuracies.items())
+            warnings.append(
+                f"warning: {name}: final accuracies differ by {100 * spread:.1f} points "
+                f"({listed}); the systems did not train the same thing, so this comparison is void"
+            )
+    if "pfl" not in rows:
+        print("  (pfl did not run: no ratios to pfl)")
+    for line in warnings:
+        print(line)
+    return warnings
+
+
+def main(argv=None) -> int:
+    specs = workloads()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(specs), choices=list(specs))
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions, 3 to 8 (3)")
+    parser.add_argument("--rounds", type=int, help="override every workload's round count")
+    parser.add_argument("--setup", action="store_true",
+                        help="create the peers' missing virtual environments first")
+    parser.add_argument("--setup-only", action="store_true", help="--setup, then stop")
+    parser.add_argument("--out", default="benchmarks/results/peers.json")
+    parser.add_argument("--work-dir", default="benchmarks/results/peers",
+                        help="exported workloads, raysim run folders, worker logs")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per worker run")
+    args = parser.parse_args(argv)
+    if not 3 <= args.repeats <= 8:
+        parser.error("--repeats must be 3 to 8")
+    if args.rounds is not None and args.rounds < 2:
+        parser.error("--rounds must be at least 2")
+
+    wanted_peers = [p for p in PEERS if p in args.systems]
+    if args.setup or args.setup_only:
+        for peer in wanted_peers or list(PEERS):
+            version, _ = peer_version(peer)
+            if version is None:
+                setup_peer(peer)
+            else:
+                print(f"setup: {peer} {version} already in {VENVS / peer}")
+        if args.setup_only:
+            return 0
+
+    runs: list[str] = []
+    skipped: dict[str, str] = {}
+    peer_versions: dict[str, str] = {}
+    for system in args.systems:
+        if system in PEERS:
+            version, why = peer_version(system)
+            if version is None:
+                print(why, flush=True)
+                skipped[system] = why
+                continue
+            peer_versions[system] = version
+        runs += ["plain_1t", "plain_2t"] if system == "plain" else [system]
+    if "raysim_ray" in runs:
+        raylet = other_ray_cluster()
+        if raylet:
+            print(f"warning: another Ray cluster runs on this machine (raylet pid {raylet}); "
+                  "raysim's Ray backend will start its own beside it and share the CPUs")
+    if not runs:
+        print("nothing to run")
+        return 1
+
+    work_dir = Path(args.work_dir)
+    results: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": sys.version.split()[0]},
+        "repeats": args.repeats,
+        "runs": runs,
+        "skipped": skipped,
+        "peer_versions": peer_versions,
+        "workloads": {},
+    }
+    all_warnings: list[str] = []
+    for name in args.workloads:
+        spec = specs[name]
+        rounds = args.rounds or spec["rounds"]
+        warmup = min(spec["warmup"], rounds // 2)
+        npz = work_dir / f"{name}.npz"
+        meta = export_workload(name, spec, rounds, npz)
+        load_before = os.getloadavg()
+        print(f"\n{name}: exported to {npz}; running {', '.join(runs)} x {args.repeats} "
+              f"(load average {load_before[0]:.2f})", flush=True)
+        reps: list[dict[str, dict]] = []
+        failures: list[str] = []
+        for rep in range(args.repeats):
+            order = runs[rep % len(runs):] + runs[: rep % len(runs)]
+            done: dict[str, dict] = {}
+            for position, run in enumerate(order):
+                tag = f"{name}/{run}-rep{rep}"
+                started = time.perf_counter()
+                record, why = run_worker(run_command(run, npz, work_dir, tag),
+                                         work_dir / "logs" / f"{tag}.log", args.timeout)
+                if record is None:
+                    failures.append(f"{name} {run} repetition {rep}: {why}")
+                    print(f"  rep {rep} {run}: FAILED: {why}", flush=True)
+                    continue
+                record["position"] = position
+                done[run] = record
+                print(f"  rep {rep} {run:<13} {median_after_warmup(record['round_s'], warmup):.4f}"
+                      f" s/round, accuracy {record['accuracy']:.4f} "
+                      f"({time.perf_counter() - started:.0f} s)", flush=True)
+            reps.append(done)
+        load_after = os.getloadavg()
+        if not any(reps):
+            results["workloads"][name] = {"meta": meta, "failures": failures}
+            continue
+        rows = summarise(name, meta, reps, warmup)
+        warnings = print_table(name, meta, rows, warmup, args.repeats)
+        all_warnings += warnings
+        results["workloads"][name] = {
+            "meta": {k: v for k, v in meta.items() if k != "tensors"},
+            "rounds": rounds,
+            "warmup_rounds_dropped": warmup,
+            "load_average_before_after": [load_before[0], load_after[0]],
+            "systems": rows,
+            "repetitions": [
+                {run: {"position": r["position"], "round_s": r["round_s"],
+                       "accuracy": r["accuracy"]} for run, r in rep.items()}
+                for rep in reps
+            ],
+            "failures": failures,
+            "warnings": warnings,
+        }
+    results["warnings"] = all_warnings
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
