@@ -55,3 +55,29 @@ def test_a_model_whose_parameters_were_replaced_gets_a_new_optimizer():
     second = fresh_sgd(model, lr=0.1)
     assert second is not first
     assert second.param_groups[0]["params"][0] is model.weight
+
+
+def test_lean_sgd_skips_parameters_without_a_gradient_as_torch_does():
+    """A parameter the loss does not reach has no gradient: neither decayed nor moved."""
+
+    class TwoHeads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used = nn.Linear(6, 3)
+            self.unused = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    torch.manual_seed(1)
+    lean, reference = TwoHeads(), TwoHeads()
+    reference.load_state_dict(lean.state_dict())
+    got = _train(lean, fresh_sgd(lean, lr=0.1, momentum=0.9, weight_decay=0.01), seed=3)
+    want = _train(
+        reference,
+        torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01),
+        seed=3,
+    )
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(lean.unused.weight, reference.unused.weight)
