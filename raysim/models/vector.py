@@ -105,7 +105,8 @@ def get_vector(model: nn.Module) -> np.ndarray:
             torch.cat([t.detach().reshape(-1) for t in _tensors(model)])
             .cpu()  # no-op on the CPU; from a GPU model, one copy of the whole vector
             .numpy()
-            .astype(np.float32, copy=True)
+            # torch.cat wrote new memory that nothing else holds: no second copy is needed
+            .astype(np.float32, copy=False)
         )
 
 
@@ -125,9 +126,13 @@ def model_layout(ctx):  # -> raysim.core.codecs.VectorLayout
 def set_vector(model: nn.Module, vector: np.ndarray) -> None:
     """Copy `vector` into the model (the vector may be a read-only object-store view; the
     model may live on a GPU: copy_ moves each slice there)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only numpy view: we only read it
-        source = torch.from_numpy(np.asarray(vector, dtype=np.float32))
+    array = np.asarray(vector, dtype=np.float32)
+    if array.flags.writeable:
+        source = torch.from_numpy(array)
+    else:  # torch warns that it cannot protect a read-only array; it is only read here
+        with warnings.catch_warnings():  # (~5 us, so only when needed)
+            warnings.simplefilter("ignore", UserWarning)
+            source = torch.from_numpy(array)
     tensors = _tensors(model)
     needed = sum(t.numel() for t in tensors)
     if source.numel() != needed:
