@@ -156,7 +156,11 @@ def get_vector(model: nn.Module) -> np.ndarray:
 
 
 def local_sgd(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, orders: list[torch.Tensor], lr: float,
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    orders: list[torch.Tensor],
+    lr: float,
     batch_size: int,
 ) -> float:
     """raysim's local training for FedAvg: plain SGD (no momentum, no weight decay) on the
@@ -182,7 +186,8 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     with torch.no_grad():
         for start in range(0, len(y), 1024):
             logits = model(torch.from_numpy(x[start : start + 1024]))
-            correct += int((logits.argmax(dim=1) == torch.from_numpy(y[start : start + 1024])).sum())
+            labels = torch.from_numpy(y[start : start + 1024])
+            correct += int((logits.argmax(dim=1) == labels).sum())
     model.train()
     return correct / max(1, len(y))
 
@@ -208,17 +213,30 @@ def quiet_stdout() -> Iterator[None]:
         yield
 
 
-def emit(system: str, round_times: list[float], accuracy_value: float, rounds: int,
-         versions: dict[str, str], **extra: Any) -> None:
-    """The worker's one line of stdout."""
+def emit(
+    system: str,
+    round_times: list[float],
+    accuracy_value: float,
+    params: np.ndarray,
+    rounds: int,
+    versions: dict[str, str],
+    **extra: Any,
+) -> None:
+    """The worker's one line of stdout; `params`: the final weights as one flat vector (their
+    L2 norm goes in the record, a cheap check that the systems ended at the same model)."""
     if len(round_times) != rounds:
         raise SystemExit(f"{system}: measured {len(round_times)} rounds, expected {rounds}")
     record = {
         "system": system,
         "round_s": [round(t, 6) for t in round_times],
         "accuracy": accuracy_value,
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                     "numpy": np.__version__, **versions},
+        "params_l2": float(np.linalg.norm(np.asarray(params, dtype=np.float64))),
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            **versions,
+        },
         "torch_threads": torch.get_num_threads(),
         **extra,
     }

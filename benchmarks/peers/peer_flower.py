@@ -18,7 +18,7 @@ What Flower does not ship and this worker adds:
   so no Ray cluster starts (checked: the record says whether Ray was initialised). Everything
   else is Flower's as shipped, including its polling: the grid pulls replies every
   `pull_interval` = 0.1 s and the runtime scans the node queues every 0.1 s, which puts a floor
-  of about 0.1-0.2 s under every round.
+  of about 0.1 s under every round (measured: 0.103 s for 10 clients that train in 2.5 ms).
 - The raysim schedule: FedAvg samples nodes at random; a FedAvg subclass picks the round's
   scheduled clients instead. Nodes get random ids, so before the rounds the ServerApp asks every
   node for its partition-id once (a `query` message; not timed) to map clients to nodes.
@@ -34,8 +34,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import types
 from pathlib import Path
+
+import torch
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
@@ -98,7 +101,9 @@ def install_inprocess_backend() -> None:
 
 
 def main(argv=None) -> int:
-    args = worker_args(argv)
+    args = worker_args(argv, threads=(int, 1))
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     import flwr
     from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
@@ -118,8 +123,9 @@ def main(argv=None) -> int:
     @client_app.query()
     def query(msg: Message, context: Context) -> Message:
         partition = int(context.node_config["partition-id"])
-        return Message(RecordDict({"node": MetricRecord({"partition-id": partition})}),
-                       reply_to=msg)
+        return Message(
+            RecordDict({"node": MetricRecord({"partition-id": partition})}), reply_to=msg
+        )
 
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -152,10 +158,12 @@ def main(argv=None) -> int:
 
     @server_app.main()
     def server_main(grid: Grid, context: Context) -> None:
-        node_ids = list(grid.get_node_ids())
+        # The runtime registers the nodes after this thread starts; wait for all of them, as
+        # FedAvg's own sampling does (strategy_utils.sample_nodes).
+        while len(node_ids := list(grid.get_node_ids())) < work.meta["num_clients"]:
+            time.sleep(0.1)
         replies = grid.send_and_receive(
-            [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY)
-             for n in node_ids]
+            [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in node_ids]
         )
         node_of = {
             int(reply.content["node"]["partition-id"]): reply.metadata.src_node_id
@@ -169,8 +177,12 @@ def main(argv=None) -> int:
         final["state"] = result.arrays.to_torch_state_dict()
 
     with quiet_stdout():
-        run_simulation(server_app, client_app, num_supernodes=work.meta["num_clients"],
-                       backend_name="inprocess")
+        run_simulation(
+            server_app,
+            client_app,
+            num_supernodes=work.meta["num_clients"],
+            backend_name="inprocess",
+        )
     if "state" not in final:
         raise SystemExit("Flower's ServerApp did not finish (see the log above)")
     net.load_state_dict(final["state"])
@@ -179,9 +191,9 @@ def main(argv=None) -> int:
         "flower",
         clock.round_times(),
         accuracy(net, work.test_x, work.test_y),
+        get_vector(net),
         work.rounds,
         {"flwr": flwr.__version__},
-        params_l2=float((get_vector(net) ** 2).sum() ** 0.5),
         ray_initialised=bool(ray is not None and ray.is_initialized()),
     )
     return 0

@@ -37,6 +37,7 @@ from common import (  # noqa: E402
     accuracy,
     build_model,
     emit,
+    get_vector,
     load_workload,
     quiet_stdout,
     worker_args,
@@ -70,7 +71,9 @@ class PflModule(nn.Module):
 
 
 def main(argv=None) -> int:
-    args = worker_args(argv)
+    args = worker_args(argv, threads=(int, 1))
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     import pfl
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.aggregate.weighting import WeightByDatapoints
@@ -138,12 +141,14 @@ def main(argv=None) -> int:
         )
     users = next(next_user)
     if users != work.rounds * work.per_round:
-        raise SystemExit(f"pfl sampled {users} users, the schedule has "
-                         f"{work.rounds * work.per_round}")
+        raise SystemExit(
+            f"pfl sampled {users} users, the schedule has {work.rounds * work.per_round}"
+        )
     emit(
         "pfl",
         clock.round_times(),
         accuracy(module.net, work.test_x, work.test_y),
+        get_vector(module.net),
         work.rounds,
         {"pfl": pfl.__version__},
     )

@@ -54,6 +54,7 @@ def main(argv=None) -> int:
         f"plain_{args.threads}t",
         clock.round_times(),
         accuracy(model, work.test_x, work.test_y),
+        params,
         work.rounds,
         {},
     )

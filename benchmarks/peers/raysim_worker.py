@@ -46,6 +46,7 @@ def main(argv=None) -> int:
         f"raysim_{args.backend}",
         times,
         float(result.summary["final"]["accuracy"]),
+        result.state.arrays["params"],
         rounds,
         {"raysim": raysim.__version__, "ray": ray.__version__},
         out_dir=str(args.out),

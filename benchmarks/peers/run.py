@@ -35,6 +35,11 @@ next (the last: to the end of its aggregation), so each includes what that syste
 rounds. The first rounds of every run are warm-up (process start, imports, Ray's workers) and
 are dropped; a system's time in a repetition is its median over the rest.
 
+Threads: raysim trains every client with one torch thread (`clients.num_cpus` 1, on both
+backends), and pfl and Flower get the same (--peer-threads 1; 0 leaves torch's default, one per
+core), so the comparison is of the frameworks rather than of torch's threading on small
+tensors; the plain loop is measured both ways.
+
 Systems are rotated within each repetition (repetition r starts at system r mod n) so that no
 system always runs first or last on a machine whose load drifts. Per repetition: each system's
 median s/round and its ratio to pfl's. The table reports the median over repetitions of those
@@ -45,8 +50,10 @@ worker's log go to --work-dir).
 Peers live in their own virtual environments, made on request (never raysim dependencies):
 
     python benchmarks/peers/run.py --setup          # create missing venvs, then run
+    python benchmarks/peers/run.py --setup-only     # only create them
     python benchmarks/peers/run.py [--workloads tiny many heavy] [--systems ...]
-                                   [--repeats 3] [--rounds N] [--out FILE] [--work-dir DIR]
+                                   [--repeats 3] [--rounds N] [--peer-threads 1]
+                                   [--out FILE] [--work-dir DIR] [--timeout S]
 
 `--setup` makes benchmarks/peers/.venvs/NAME with `python -m venv --system-site-packages` (so
 torch and numpy come from this Python's site-packages) and pip-installs the peer into it.
@@ -60,6 +67,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -98,15 +106,22 @@ def workloads() -> dict[str, dict[str, Any]]:
 
     tiny, heavy = WORKLOADS["tiny"], WORKLOADS["heavy"]
     many = [
-        o for o in tiny["overrides"]
+        o
+        for o in tiny["overrides"]
         if not o.startswith(("partition.num_clients=", "clients.per_round="))
     ] + ["partition.num_clients=1000", "clients.per_round=100"]
     return {
-        "tiny": {"rounds": tiny["rounds"], "warmup": tiny["warmup"],
-                 "overrides": list(tiny["overrides"])},
+        "tiny": {
+            "rounds": tiny["rounds"],
+            "warmup": tiny["warmup"],
+            "overrides": list(tiny["overrides"]),
+        },
         "many": {"rounds": 20, "warmup": 3, "overrides": many},
-        "heavy": {"rounds": heavy["rounds"], "warmup": heavy["warmup"],
-                  "overrides": list(heavy["overrides"])},
+        "heavy": {
+            "rounds": heavy["rounds"],
+            "warmup": heavy["warmup"],
+            "overrides": list(heavy["overrides"]),
+        },
     }
 
 
@@ -202,7 +217,8 @@ def setup_peer(peer: str) -> None:
         raise SystemExit(f"setup of {peer} failed ({' '.join(command)})")
     probe = subprocess.run(
         [str(venv_python(peer)), "-c", "import torch; print(torch.__file__)"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if str(target.resolve()) in probe.stdout:
         print(f"setup: warning: {peer}'s venv installed its own torch ({probe.stdout.strip()})")
@@ -219,7 +235,8 @@ def peer_version(peer: str) -> tuple[str | None, str]:
     module = PEERS[peer]["module"]
     probe = subprocess.run(
         [str(python), "-c", f"import {module}; print({module}.__version__)"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
@@ -242,16 +259,37 @@ def other_ray_cluster() -> str | None:
 # --- running the systems ------------------------------------------------------------------------
 
 
-def run_command(run: str, npz: Path, work_dir: Path, tag: str) -> list[str]:
+def run_command(run: str, npz: Path, work_dir: Path, tag: str, peer_threads: int) -> list[str]:
     if run.startswith("raysim_"):
         out = work_dir / "runs" / tag
-        return [sys.executable, str(HERE / "raysim_worker.py"), "--workload", str(npz),
-                "--backend", run.removeprefix("raysim_"), "--out", str(out)]
+        return [
+            sys.executable,
+            str(HERE / "raysim_worker.py"),
+            "--workload",
+            str(npz),
+            "--backend",
+            run.removeprefix("raysim_"),
+            "--out",
+            str(out),
+        ]
     if run.startswith("plain_"):
         threads = run.removeprefix("plain_").removesuffix("t")
-        return [sys.executable, str(HERE / "plain.py"), "--workload", str(npz),
-                "--threads", threads]
-    return [str(venv_python(run)), str(HERE / PEERS[run]["script"]), "--workload", str(npz)]
+        return [
+            sys.executable,
+            str(HERE / "plain.py"),
+            "--workload",
+            str(npz),
+            "--threads",
+            threads,
+        ]
+    return [
+        str(venv_python(run)),
+        str(HERE / PEERS[run]["script"]),
+        "--workload",
+        str(npz),
+        "--threads",
+        str(peer_threads),
+    ]
 
 
 def run_worker(command: list[str], log: Path, timeout: float) -> tuple[dict | None, str]:
@@ -259,12 +297,24 @@ def run_worker(command: list[str], log: Path, timeout: float) -> tuple[dict | No
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", PYTHONDONTWRITEBYTECODE="1")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as stderr:
+        # Its own session, so a timeout ends the worker with everything it started (a Ray
+        # cluster of raysim_ray's) and nothing else.
+        worker = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+            cwd=HERE.parent.parent,
+            start_new_session=True,
+        )
         try:
-            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                  env=env, timeout=timeout, cwd=HERE.parent.parent)
+            stdout, _ = worker.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.communicate()
             return None, f"timed out after {timeout:.0f} s (log: {log})"
-    for line in reversed(done.stdout.strip().splitlines()):
+    for line in reversed(stdout.strip().splitlines()):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -272,53 +322,52 @@ def run_worker(command: list[str], log: Path, timeout: float) -> tuple[dict | No
         if isinstance(record, dict) and "round_s" in record:
             return record, ""
     tail = " | ".join(log.read_text().strip().splitlines()[-3:])[-400:]
-    return None, f"exit {done.returncode}, no result line (log: {log}): {tail}"
+    return None, f"exit {worker.returncode}, no result line (log: {log}): {tail}"
 
 
 def median_after_warmup(times: list[float], warmup: int) -> float:
     return statistics.median(times[warmup:])
 
 
-def summarise(name: str, meta: dict, reps: list[dict[str, dict]], warmup: int) -> dict:
-    """Per repetition: median s/round per run, ratios to pfl and to the floor; then medians."""
+def summarise(reps: list[dict[str, dict]], warmup: int) -> dict[str, dict[str, Any]]:
+    """Per repetition: each run's median s/round, its ratios to pfl's and to the floor (the
+    faster plain run of that repetition); then, per run, the medians over repetitions."""
     runs = sorted({run for rep in reps for run in rep}, key=_order)
-    per_rep = []
+    per_rep: list[dict[str, float]] = []
+    records: list[dict[str, dict]] = []  # run (and "floor") -> its worker record, per rep
+    fastest: list[str] = []
     for rep in reps:
         medians = {run: median_after_warmup(r["round_s"], warmup) for run, r in rep.items()}
-        plains = {run: s for run, s in medians.items() if run.startswith("plain_")}
+        plains = [run for run in rep if run.startswith("plain_")]
+        chosen = dict(rep)
         if plains:
-            medians["floor"] = min(plains.values())
+            floor = min(plains, key=medians.__getitem__)
+            medians["floor"], chosen["floor"] = medians[floor], rep[floor]
+            fastest.append(floor)
         per_rep.append(medians)
+        records.append(chosen)
     rows: dict[str, dict[str, Any]] = {}
-    for run in [*runs, *(["floor"] if any("floor" in m for m in per_rep) else [])]:
+    for run in [*runs, *(["floor"] if fastest else [])]:
         seconds = [m[run] for m in per_rep if run in m]
         to_pfl = [m[run] / m["pfl"] for m in per_rep if run in m and "pfl" in m]
         to_floor = [m[run] / m["floor"] for m in per_rep if run in m and "floor" in m]
-        if run == "floor":
-            accuracies = [rep[min((k for k in rep if k.startswith("plain_")),
-                                  key=lambda k: median_after_warmup(rep[k]["round_s"], warmup))]
-                          ["accuracy"] for rep in reps if any(k.startswith("plain_") for k in rep)]
-            fastest = [min((k for k in rep if k.startswith("plain_")),
-                           key=lambda k: median_after_warmup(rep[k]["round_s"], warmup))
-                       for rep in reps if any(k.startswith("plain_") for k in rep)]
-        else:
-            accuracies = [rep[run]["accuracy"] for rep in reps if run in rep]
-            fastest = None
+        ran = [r[run] for r in records if run in r]
         rows[run] = {
             "median_round_s": statistics.median(seconds),
             "ratio_to_pfl": statistics.median(to_pfl) if to_pfl else None,
             "ratio_to_floor": statistics.median(to_floor) if to_floor else None,
-            "accuracy": statistics.median(accuracies),
+            "accuracy": statistics.median(r["accuracy"] for r in ran),
+            "params_l2": statistics.median(r["params_l2"] for r in ran),
             "repetitions": len(seconds),
             "per_repetition_round_s": seconds,
             "per_repetition_ratio_to_pfl": to_pfl,
+            "per_repetition_accuracy": [r["accuracy"] for r in ran],
         }
-        if fastest is not None:
+        if run == "floor":
             rows[run]["faster_plain_per_repetition"] = fastest
         else:
-            first = next(rep[run] for rep in reps if run in rep)
-            rows[run]["versions"] = first.get("versions", {})
-            rows[run]["torch_threads"] = first.get("torch_threads")
+            rows[run]["versions"] = ran[0].get("versions", {})
+            rows[run]["torch_threads"] = ran[0].get("torch_threads")
     return rows
 
 
@@ -337,18 +386,33 @@ def print_table(name: str, meta: dict, rows: dict, warmup: int, repeats: int) ->
     for run, row in rows.items():
         to_pfl = f"{row['ratio_to_pfl']:.2f}" if row["ratio_to_pfl"] is not None else "-"
         to_floor = f"{row['ratio_to_floor']:.2f}" if row["ratio_to_floor"] is not None else "-"
-        print(f"  {LABELS.get(run, run):<24}{row['median_round_s']:>10.4f}{to_pfl:>9}"
-              f"{to_floor:>9}{row['accuracy']:>10.4f}")
+        print(
+            f"  {LABELS.get(run, run):<24}{row['median_round_s']:>10.4f}{to_pfl:>9}"
+            f"{to_floor:>9}{row['accuracy']:>10.4f}"
+        )
     warnings = []
-    accuracies = {run: row["accuracy"] for run, row in rows.items() if run != "floor"}
-    if len(accuracies) > 1:
-        spread = max(accuracies.values()) - min(accuracies.values())
+    # Every run of every repetition: the training is deterministic, so one odd run is news.
+    accuracies = {
+        run: (min(row["per_repetition_accuracy"]), max(row["per_repetition_accuracy"]))
+        for run, row in rows.items()
+        if run != "floor"
+    }
+    if accuracies:
+        spread = max(hi for _, hi in accuracies.values()) - min(lo for lo, _ in accuracies.values())
         if spread > ACCURACY_TOLERANCE:
-            listed = ", ".join(f"{LABELS.get(k, k)} {v:.4f}" for k, v in accuracies.items())
+            listed = ", ".join(
+                f"{LABELS.get(k, k)} {lo:.4f}" + (f"-{hi:.4f}" if hi != lo else "")
+                for k, (lo, hi) in accuracies.items()
+            )
             warnings.append(
                 f"warning: {name}: final accuracies differ by {100 * spread:.1f} points "
                 f"({listed}); the systems did not train the same thing, so this comparison is void"
             )
+    norms = [row["params_l2"] for row in rows.values()]
+    print(
+        f"  final weights' L2 norm: {min(norms):.6g} to {max(norms):.6g} across systems "
+        "(equal up to float summation order when all trained the same)"
+    )
     if "pfl" not in rows:
         print("  (pfl did not run: no ratios to pfl)")
     for line in warnings:
@@ -363,12 +427,23 @@ def main(argv=None) -> int:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--repeats", type=int, default=3, help="repetitions, 3 to 8 (3)")
     parser.add_argument("--rounds", type=int, help="override every workload's round count")
-    parser.add_argument("--setup", action="store_true",
-                        help="create the peers' missing virtual environments first")
+    parser.add_argument(
+        "--setup", action="store_true", help="create the peers' missing virtual environments first"
+    )
     parser.add_argument("--setup-only", action="store_true", help="--setup, then stop")
     parser.add_argument("--out", default="benchmarks/results/peers.json")
-    parser.add_argument("--work-dir", default="benchmarks/results/peers",
-                        help="exported workloads, raysim run folders, worker logs")
+    parser.add_argument(
+        "--work-dir",
+        default="benchmarks/results/peers",
+        help="exported workloads, raysim run folders, worker logs",
+    )
+    parser.add_argument(
+        "--peer-threads",
+        type=int,
+        default=1,
+        help="torch threads of pfl's and Flower's processes: 1 (default) as raysim's clients "
+        "(clients.num_cpus 1); 0: torch's default",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per worker run")
     args = parser.parse_args(argv)
     if not 3 <= args.repeats <= 8:
@@ -402,16 +477,21 @@ def main(argv=None) -> int:
     if "raysim_ray" in runs:
         raylet = other_ray_cluster()
         if raylet:
-            print(f"warning: another Ray cluster runs on this machine (raylet pid {raylet}); "
-                  "raysim's Ray backend will start its own beside it and share the CPUs")
+            print(
+                f"warning: another Ray cluster runs on this machine (raylet pid {raylet}); "
+                "raysim's Ray backend will start its own beside it and share the CPUs"
+            )
     if not runs:
         print("nothing to run")
         return 1
 
-    work_dir = Path(args.work_dir)
+    work_dir = Path(args.work_dir).resolve()  # workers run in the repository root
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": sys.version.split()[0]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+        },
         "repeats": args.repeats,
         "runs": runs,
         "skipped": skipped,
@@ -426,33 +506,43 @@ def main(argv=None) -> int:
         npz = work_dir / f"{name}.npz"
         meta = export_workload(name, spec, rounds, npz)
         load_before = os.getloadavg()
-        print(f"\n{name}: exported to {npz}; running {', '.join(runs)} x {args.repeats} "
-              f"(load average {load_before[0]:.2f})", flush=True)
+        print(
+            f"\n{name}: exported to {npz}; running {', '.join(runs)} x {args.repeats} "
+            f"(load average {load_before[0]:.2f})",
+            flush=True,
+        )
         reps: list[dict[str, dict]] = []
         failures: list[str] = []
         for rep in range(args.repeats):
-            order = runs[rep % len(runs):] + runs[: rep % len(runs)]
+            order = runs[rep % len(runs) :] + runs[: rep % len(runs)]
             done: dict[str, dict] = {}
             for position, run in enumerate(order):
                 tag = f"{name}/{run}-rep{rep}"
                 started = time.perf_counter()
-                record, why = run_worker(run_command(run, npz, work_dir, tag),
-                                         work_dir / "logs" / f"{tag}.log", args.timeout)
+                record, why = run_worker(
+                    run_command(run, npz, work_dir, tag, args.peer_threads),
+                    work_dir / "logs" / f"{tag}.log",
+                    args.timeout,
+                )
                 if record is None:
                     failures.append(f"{name} {run} repetition {rep}: {why}")
                     print(f"  rep {rep} {run}: FAILED: {why}", flush=True)
                     continue
                 record["position"] = position
                 done[run] = record
-                print(f"  rep {rep} {run:<13} {median_after_warmup(record['round_s'], warmup):.4f}"
-                      f" s/round, accuracy {record['accuracy']:.4f} "
-                      f"({time.perf_counter() - started:.0f} s)", flush=True)
+                print(
+                    f"  rep {rep} {run:<13} {median_after_warmup(record['round_s'], warmup):.4f}"
+                    f" s/round, accuracy {record['accuracy']:.4f} "
+                    f"({time.perf_counter() - started:.0f} s)",
+                    flush=True,
+                )
             reps.append(done)
         load_after = os.getloadavg()
         if not any(reps):
             results["workloads"][name] = {"meta": meta, "failures": failures}
+            write_results(args.out, results)
             continue
-        rows = summarise(name, meta, reps, warmup)
+        rows = summarise(reps, warmup)
         warnings = print_table(name, meta, rows, warmup, args.repeats)
         all_warnings += warnings
         results["workloads"][name] = {
@@ -462,18 +552,29 @@ def main(argv=None) -> int:
             "load_average_before_after": [load_before[0], load_after[0]],
             "systems": rows,
             "repetitions": [
-                {run: {"position": r["position"], "round_s": r["round_s"],
-                       "accuracy": r["accuracy"]} for run, r in rep.items()}
+                {
+                    run: {
+                        "position": r["position"],
+                        "round_s": r["round_s"],
+                        "accuracy": r["accuracy"],
+                        "params_l2": r["params_l2"],
+                    }
+                    for run, r in rep.items()
+                }
                 for rep in reps
             ],
             "failures": failures,
             "warnings": warnings,
         }
-    results["warnings"] = all_warnings
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+        results["warnings"] = all_warnings
+        write_results(args.out, results)  # after every workload: a stopped run keeps its tables
     print(f"\nwrote {args.out}")
     return 0
+
+
+def write_results(path: str, results: dict[str, Any]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
