@@ -652,32 +652,82 @@ class RayBackend:
         self.parallel_slots = max(1, int(cpus // clients.num_cpus))
         self.seconds_per_client: float | None = None  # measured, for automatic packing
         self.rounds_run = 0
+        # Where each round trains (trains_in_server) and what each place costs, measured.
+        self._placement: dict[int, bool] = {}
+        self._clients_of: dict[int, int] = {}
+        self._cost: dict[str, float | None] = {"tasks": None, "server": None}
+        self._cost_round: dict[bool, int] = {False: 0, True: 0}
+        self._last_call: tuple[int, float] | None = None
 
-    # A round whose clients' training is estimated below this trains inside the server actor
-    # (`clients.per_task: auto` only): a task costs ~2-4 ms of Ray round trip here (submit,
-    # schedule, return the updates through the object store), more than such a round's work.
-    # Measured on digits, 10 clients of ~0.3 ms (benchmarks/peers): 3.7 ms a round in the
-    # actor against 8+ ms in tasks.
-    TRAIN_IN_SERVER_BELOW_S = 0.008
+    # Where a round's clients train, with `clients.per_task: auto`: in tasks (spread over the
+    # client slots) or in the server actor (one after another, no task round trip). Which is
+    # faster depends on the machine and the clients (on 2 cores, 10 digits clients of ~0.3 ms:
+    # 3.7 ms a round in the actor, 8+ ms in tasks; 100 of them: 24 vs 45 ms; 50 LeNet clients
+    # of 64 samples: tasks win), so it is measured: each place is timed on consecutive
+    # rounds (the time between the driver's calls, per trained client, the first
+    # round after a switch not counted), the faster one is used, and the other is timed again
+    # every REPROBE_EVERY rounds. Results do not depend on the place (bit for bit).
+    REPROBE_EVERY = 50
 
-    def trains_in_server(self, num_clients: int) -> bool:
-        """Whether this round's clients train in the server actor instead of in tasks: only
-        when packing is automatic, a measurement says the round is small, and nothing needs a
-        task of its own (injected faults, a round deadline, client GPUs)."""
+    def _server_eligible(self) -> bool:
+        """Whether clients may train in the server actor at all: only with automatic packing
+        and when nothing needs a task of its own (injected faults, a round deadline, GPUs)."""
         config = self.ctx.config
         return (
             config.clients.per_task == "auto"
-            and self.seconds_per_client is not None
-            and num_clients * self.seconds_per_client < self.TRAIN_IN_SERVER_BELOW_S
             and FaultPlan.from_config(config) is None
             and config.run.round_deadline_s is None
             and not config.clients.num_gpus
         )
 
+    def trains_in_server(self, round_index: int) -> bool:
+        """Where round `round_index`'s clients train (decided once per round: a round may be
+        dispatched ahead of its call)."""
+        decided = self._placement.get(round_index)
+        if decided is None:
+            decided = self._placement[round_index] = self._place(round_index)
+            for old in [r for r in self._placement if r < round_index - 2]:
+                del self._placement[old]
+        return decided
+
+    def _place(self, round_index: int) -> bool:
+        if not self._server_eligible() or round_index < 2:  # round 1 starts the workers
+            return False
+        tasks, server = self._cost["tasks"], self._cost["server"]
+        if tasks is None:
+            return False
+        if server is None:
+            return True
+        faster = server < tasks
+        # the slower place is timed again every REPROBE_EVERY rounds (clients grow, the
+        # cluster's load changes): it trains until a steady round of it has been measured
+        if round_index - self._cost_round[not faster] > self.REPROBE_EVERY:
+            return not faster
+        return faster
+
+    def _record_round_time(self, round_index: int) -> None:
+        """Time the round before this call (the period between two calls) for its place,
+        when the round before it trained in the same place (steady state)."""
+        now = time.perf_counter()
+        previous, self._last_call = self._last_call, (round_index, now)
+        if previous is None or previous[0] != round_index - 1:
+            return
+        earlier = self._placement.get(round_index - 2)
+        place = self._placement.get(round_index - 1)
+        if place is None or earlier is None or earlier != place:
+            return
+        per_client = (now - previous[1]) / max(1, self._clients_of.get(round_index - 1, 1))
+        key = "server" if place else "tasks"
+        self._cost[key] = (
+            per_client if self._cost[key] is None else (0.5 * self._cost[key] + 0.5 * per_client)
+        )
+        self._cost_round[place] = round_index - 1
+
     def _chunks(self, info: RoundInfo) -> list[np.ndarray] | None:
         """The round's tasks (contiguous runs of its clients), or None: train in the server."""
         ids = info.trained_ids
-        if self.trains_in_server(len(ids)):
+        self._clients_of[info.round_index] = len(ids)
+        if self.trains_in_server(info.round_index):
             return None
         return chunk_clients(ids, self.tasks_for(len(ids)))
 
@@ -704,6 +754,7 @@ class RayBackend:
     def run_round(
         self, info: RoundInfo, evaluate: bool, next_info: RoundInfo | None = None
     ) -> RoundStats:
+        self._record_round_time(info.round_index)
         chunks = self._chunks(info)
         next_round = None if next_info is None else (next_info, self._chunks(next_info))
         call = self.server.run_round.remote(info, chunks, evaluate, next_round)
@@ -712,7 +763,7 @@ class RayBackend:
             ray.kill(self.server)
         stats = self._get(call)
         self.rounds_run += 1
-        if stats.clients_done and self.rounds_run > 1:  # round 1 includes worker start-up
+        if stats.clients_done and stats.tasks and self.rounds_run > 1:  # round 1: start-up
             measured = stats.client_compute_s / stats.clients_done
             previous = self.seconds_per_client
             self.seconds_per_client = (
