@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from raysim.algorithms.class_embedding import Broadcast, ClassEmbeddingMethod, normalize_rows
+from raysim.algorithms.fedaws import evaluate_class_embeddings
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.fixed_point import FIXED_SCALE
@@ -44,6 +45,8 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
         if scale > MAX_SCALE:
             raise ConfigError(f"'algorithm.scale' must be in (0, 1e4], got {scale}")
         self.scale = float(scale)
+
+    evaluate = evaluate_class_embeddings  # FedAwS's: the same numbers, without a score matrix
 
     def init_server(self, ctx: RunContext) -> ServerState:
         model = build_model(ctx)

@@ -122,11 +122,14 @@ def spreadout_topk(
     # the pair products on `device` (no copies when it is where W already is)
     on_device = weights if device is None else weights.to(device)
     nu_on_device = nu.to(on_device.device)
-    chunks = []  # per chunk of classes: (hinge, coef, c-side gradient, class rows), on the CPU
-    for start in range(0, count, step):
+    threads = torch.get_num_threads() if on_device.device.type == "cpu" else 1
+
+    def pair_products(start: int) -> tuple[torch.Tensor, ...]:
+        """One chunk of classes: (hinge, coef, c-side gradient, class rows), on the CPU."""
         stop = min(count, start + step)
         own = on_device[torch.from_numpy(classes[start:stop]).to(on_device.device)]  # (b, dim)
-        other = on_device[torch.from_numpy(neighbors[start:stop]).to(on_device.device)]
+        chosen = torch.from_numpy(neighbors[start:stop].reshape(-1)).to(on_device.device)
+        other = on_device.index_select(0, chosen).view(stop - start, k, dim)  # (b, k, dim)
         if distance == "cosine":
             dist = 1.0 - torch.einsum("bd,bkd->bk", own, other)
         else:
@@ -140,7 +143,10 @@ def spreadout_topk(
             # d h^2 / d w_c = -2 h (w_c - w_y) / d  and  d h^2 / d w_y = +2 h (w_c - w_y) / d
             coef = torch.where(dist > 0, 2.0 * hinge / torch.where(dist > 0, dist, 1.0), 0.0)
             own_grad = torch.einsum("bk,bkd->bd", coef, other) - coef.sum(1, keepdim=True) * own
-        chunks.append(tuple(t.cpu() for t in (hinge, coef, own_grad, own)))  # CPU: no-ops
+        return tuple(t.cpu() for t in (hinge, coef, own_grad, own))  # CPU: no-ops
+
+    # chunks are independent: on the CPU they run side by side, one thread each
+    chunks = _in_threads(pair_products, list(range(0, count, step)), threads)
     weights = weights.cpu()  # the y-side scatter below runs on the CPU (fixed order)
     empty = torch.zeros((0, k), dtype=weights.dtype)
     hinge = torch.cat([c[0] for c in chunks]) if chunks else empty
@@ -150,29 +156,106 @@ def spreadout_topk(
     active = ((hinge > 0) & (coef != 0)).numpy()
     has_active = active.any(axis=1)
     grad_ids = np.unique(np.concatenate([classes[has_active], neighbors[active]]))
-    grad = torch.zeros((grad_ids.size, dim), dtype=weights.dtype)
+    grad = _zeros((grad_ids.size, dim), weights.dtype)
     if grad_ids.size == 0:
         return value, _like(grad, W), grad_ids
     # c-side: each updated class is one distinct row
     own_rows = torch.from_numpy(np.searchsorted(grad_ids, classes[has_active]))
     grad[own_rows] = torch.cat([c[2] for c in chunks])[torch.from_numpy(has_active)]
-    # y-side: neighbour contributions, pair by pair, in chunks
-    for chunk_index, start in enumerate(range(0, count, step)):
-        stop = min(count, start + step)
-        block_active = torch.from_numpy(active[start:stop])
-        if not bool(block_active.any()):
-            continue
-        pair_class, pair_rank = torch.nonzero(block_active, as_tuple=True)
-        pair_other = torch.from_numpy(neighbors[start:stop])[pair_class, pair_rank]
-        pair_coef = chunks[chunk_index][1][pair_class, pair_rank][:, None]
-        own = chunks[chunk_index][3][pair_class]
+    # y-side: neighbour contributions added to each row one by one, in pair order
+    pair_class, pair_rank = np.nonzero(active)  # class order, then neighbour rank
+    pair_other = neighbors[pair_class, pair_rank]
+    target = np.searchsorted(grad_ids, pair_other)
+    pair_coef = coef[torch.from_numpy(pair_class), torch.from_numpy(pair_rank)][:, None]
+    own = torch.cat([c[3] for c in chunks])  # the updated classes' rows
+    if grad.dtype in (torch.float32, torch.float64):  # numpy: the same operations, faster
+        grad_, pair_coef_, own_, weights_ = grad.numpy(), pair_coef.numpy(), own.numpy(), None
+        if distance != "cosine":
+            weights_ = weights.numpy()
+
+        def contributions(pairs: np.ndarray) -> np.ndarray:
+            rows = own_[pair_class[pairs]]
+            if distance != "cosine":
+                rows -= weights_[pair_other[pairs]]
+            rows *= pair_coef_[pairs]  # coef * row: the product is the same either way round
+            return rows
+
+        _add_in_order(grad_, target, contributions, threads)
+        return value, _like(grad, W), grad_ids
+    pair_class_t, pair_other_t = torch.from_numpy(pair_class), torch.from_numpy(pair_other)
+
+    def contributions_torch(pairs: np.ndarray) -> torch.Tensor:
+        chosen = torch.from_numpy(pairs)
+        rows = own[pair_class_t[chosen]]
         if distance == "cosine":
-            contribution = pair_coef * own
-        else:
-            contribution = pair_coef * (own - weights[pair_other])
-        target = torch.from_numpy(np.searchsorted(grad_ids, pair_other.numpy()))
-        grad.index_add_(0, target, contribution)
+            return pair_coef[chosen] * rows
+        return pair_coef[chosen] * (rows - weights[pair_other_t[chosen]])
+
+    _add_in_order(grad, target, contributions_torch, threads)
     return value, _like(grad, W), grad_ids
+
+
+def _zeros(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """torch.zeros; for float32/64 through numpy, whose zeroed pages cost nothing until they
+    are written (the gradient rows are all written once)."""
+    if dtype in (torch.float32, torch.float64):
+        numpy_dtype = np.float32 if dtype == torch.float32 else np.float64
+        return torch.from_numpy(np.zeros(shape, dtype=numpy_dtype))
+    return torch.zeros(shape, dtype=dtype)
+
+
+def _in_threads(function, items: list, threads: int) -> list:
+    """[function(item) for item in items], on `threads` Python threads that run torch
+    single-threaded (an item's arithmetic is the same on any thread)."""
+    if threads <= 1 or len(items) < 2:
+        return [function(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    from raysim.index.base import server_threads
+
+    with server_threads(1), ThreadPoolExecutor(min(threads, len(items))) as pool:
+        return list(pool.map(function, items))
+
+
+def _add_in_order(grad, target: np.ndarray, contributions, threads: int) -> None:
+    """grad[target[p]] += contributions(p) for every pair p in increasing order, as one
+    sequential index_add_ does it: each row receives its contributions one after another in
+    pair order. Here rows are split among threads (a row's additions stay on one thread, in
+    order) and each thread adds in layers: the j-th contribution of each of its rows at once
+    (distinct rows), layer after layer. `contributions(pairs)` gives the pairs' rows."""
+    if not target.size:
+        return
+    # rows split by target so that the threads get about the same number of pairs
+    per_row = np.bincount(target, minlength=grad.shape[0])
+    cumulative = np.cumsum(per_row)
+    parts = max(1, min(threads, target.size // 4096))
+    cuts = np.searchsorted(cumulative, [target.size * t // parts for t in range(1, parts)])
+    bounds = [0, *[int(c) + 1 for c in cuts], grad.shape[0]]
+    owner = np.searchsorted(np.asarray(bounds[1:-1]), target, side="right")
+    layer_block = 8192  # rows added at once (bounds the contributions' memory)
+
+    def add_part(part: int) -> None:
+        pairs = np.flatnonzero(owner == part)  # increasing: pair order
+        if not pairs.size:
+            return
+        order = pairs[np.argsort(target[pairs], kind="stable")]  # by row, pair order within
+        rows = target[order]
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        counts = np.diff(np.r_[starts, rows.size])
+        layer = 0
+        while starts.size:
+            chosen = order[starts + layer]  # the layer-th pair of every row that has one
+            for lo in range(0, chosen.size, layer_block):
+                block = chosen[lo : lo + layer_block]
+                index = target[block]
+                if isinstance(grad, torch.Tensor):
+                    index = torch.from_numpy(index)
+                grad[index] = grad[index] + contributions(block)
+            layer += 1
+            keep = counts > layer
+            starts, counts = starts[keep], counts[keep]
+
+    _in_threads(add_part, list(range(parts)), threads if parts > 1 else 1)
 
 
 def mine_negatives(

@@ -9,6 +9,9 @@ answers of several shards is a plain sort.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -130,3 +133,33 @@ def available_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+@contextmanager
+def server_threads(threads: int | None = None) -> Iterator[int]:
+    """torch's thread count (and faiss's OpenMP one, when faiss is loaded) set to `threads`
+    (None: `available_threads()`) for the block, and restored after.
+
+    The server's phases (index search, spreadout, evaluation) run while the clients' workers
+    wait, so they may use every CPU; what the process inherited says nothing about that (Ray
+    sets OMP_NUM_THREADS=1 in an actor that reserves no CPU, such as raysim's server). Results
+    do not depend on it: the server's reductions are either per element (element-wise ops,
+    GEMM outputs, per-row top-k) or sequential in a fixed order.
+    """
+    import torch
+
+    count = max(1, int(threads)) if threads is not None else available_threads()
+    previous = torch.get_num_threads()
+    faiss = sys.modules.get("faiss")
+    previous_omp = faiss.omp_get_max_threads() if faiss is not None else None
+    if previous != count:
+        torch.set_num_threads(count)
+    if faiss is not None and previous_omp != count:
+        faiss.omp_set_num_threads(count)
+    try:
+        yield count
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)
+        if faiss is not None and faiss.omp_get_max_threads() != previous_omp:
+            faiss.omp_set_num_threads(previous_omp)

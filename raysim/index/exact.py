@@ -26,10 +26,18 @@ import math
 import numpy as np
 import torch
 
-from raysim.index.base import MISSING_ID, as_ids, as_rows, check_search_args, rank
+from raysim.index.base import (
+    MISSING_ID,
+    as_ids,
+    as_rows,
+    check_search_args,
+    rank,
+    server_threads,
+)
 
 _UNIT_ROUNDOFF_FP32 = 2.0**-24
 _UNIT_ROUNDOFF_TF32 = 2.0**-11  # CUDA matmuls may run in TF32 when the user allows it
+_CPU_CHUNK_ELEMENTS = 1 << 18  # exact_dot's products per chunk on the CPU (2 MB of float64)
 
 
 def exact_dot(
@@ -46,27 +54,55 @@ def exact_dot(
     rounded), so each result depends only on the two rows: not on how many pairs are computed
     together, in what order, or on which device. Pairs are gathered in chunks of
     `max_elements` values, which bounds the working memory. On the CPU the arithmetic runs in
-    numpy (single-threaded: these small element-wise ops only lose to thread start-up).
+    numpy, the chunks spread over torch's number of threads (each chunk's results are its own:
+    the threads change only the time).
     """
     count = left_index.shape[0]
     dim = left.shape[1]
     width = 1 << max(0, math.ceil(math.log2(max(dim, 1))))
     step = max(1, max_elements // width)
-    on_cpu = left.device.type == "cpu"
-    if on_cpu:
-        left_np, right_np = left.numpy(), right.numpy()
-        left_index, right_index = left_index.numpy(), right_index.numpy()
-        out = np.empty(count, dtype=np.float64)
-        products = np.zeros((min(step, count), width), dtype=np.float64)
-    else:
-        out = torch.empty(count, dtype=torch.float64, device=left.device)
+    if left.device.type == "cpu":  # chunks that stay in the cache (~2 MB of float64)
+        step = max(1, min(max_elements, _CPU_CHUNK_ELEMENTS) // width)
+        out = _exact_dot_cpu(
+            left.numpy(), left_index.numpy(), right.numpy(), right_index.numpy(), width, step
+        )
+        return torch.from_numpy(out)
+    out = torch.empty(count, dtype=torch.float64, device=left.device)
     for start in range(0, count, step):
         stop = min(count, start + step)
-        if on_cpu:
+        rows = left[left_index[start:stop]].double() * right[right_index[start:stop]].double()
+        if width != dim:
+            rows = torch.nn.functional.pad(rows, (0, width - dim))
+        half = width
+        while half > 1:
+            half //= 2
+            rows = rows[:, :half] + rows[:, half : 2 * half]
+        out[start:stop] = rows[:, 0]
+    return out
+
+
+def _exact_dot_cpu(
+    left: np.ndarray,
+    left_index: np.ndarray,
+    right: np.ndarray,
+    right_index: np.ndarray,
+    width: int,
+    step: int,
+) -> np.ndarray:
+    """exact_dot on the CPU: chunks of `step` pairs, on torch's number of threads."""
+    count, dim = left_index.shape[0], left.shape[1]
+    out = np.empty(count, dtype=np.float64)
+    starts = list(range(0, count, step))
+    threads = min(len(starts), torch.get_num_threads())
+
+    def run(mine: list[int]) -> None:
+        products = np.zeros((min(step, count), width), dtype=np.float64)
+        for start in mine:
+            stop = min(count, start + step)
             rows = products[: stop - start]
             np.multiply(  # float32 x float32 in float64: exact
-                left_np[left_index[start:stop]],
-                right_np[right_index[start:stop]],
+                left[left_index[start:stop]],
+                right[right_index[start:stop]],
                 out=rows[:, :dim],
                 dtype=np.float64,
             )
@@ -75,16 +111,15 @@ def exact_dot(
                 half //= 2
                 np.add(rows[:, :half], rows[:, half : 2 * half], out=rows[:, :half])
             out[start:stop] = rows[:, 0]
-        else:
-            rows = left[left_index[start:stop]].double() * right[right_index[start:stop]].double()
-            if width != dim:
-                rows = torch.nn.functional.pad(rows, (0, width - dim))
-            half = width
-            while half > 1:
-                half //= 2
-                rows = rows[:, :half] + rows[:, half : 2 * half]
-            out[start:stop] = rows[:, 0]
-    return torch.from_numpy(out) if on_cpu else out
+
+    if threads <= 1:
+        run(starts)
+    else:
+        from concurrent.futures import ThreadPoolExecutor  # numpy releases the GIL
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, [starts[t::threads] for t in range(threads)]))
+    return out
 
 
 def _norms(rows: np.ndarray) -> np.ndarray:
@@ -119,7 +154,8 @@ class ExactIndex:
             device) or "faiss" (faiss.knn, CPU only; its bundled BLAS was ~1.5x faster than
             torch's here). "auto": faiss on CPU, torch on GPU. Answers are identical either way
             (the re-score decides them).
-        threads: threads while searching (None: the process's setting); restored after.
+        threads: threads while searching (None: every CPU this process may use, whatever it
+            inherited: see raysim.index.base.server_threads); restored after.
     """
 
     def __init__(
@@ -187,7 +223,9 @@ class ExactIndex:
             raise ValueError("row_ids outside this index's rows")
         device = self.device
         index = torch.from_numpy(local).to(device)
-        self.rows[index] = torch.tensor(rows, device=device)  # rows may be read-only
+        # rows may be read-only (e.g. from Ray's object store): then torch needs a copy
+        source = torch.from_numpy(rows) if rows.flags.writeable else torch.tensor(rows)
+        self.rows[index] = source.to(device)
         self.norms[local] = _norms(rows)
 
     # --- search -------------------------------------------------------------------------------
@@ -203,19 +241,10 @@ class ExactIndex:
         self.device  # noqa: B018 - raises if reset() was never called
         if count == 0 or self.num_rows == 0:
             return out_ids, out_sims
-        previous_threads = torch.get_num_threads()
-        faiss = _faiss() if self.engine == "faiss" else None
-        if self.threads is not None:
-            torch.set_num_threads(self.threads)
-            if faiss is not None:
-                previous_omp = faiss.omp_get_max_threads()
-                faiss.omp_set_num_threads(self.threads)
-        try:
+        if self.engine == "faiss":
+            _faiss()  # loaded first, so that its threads are set too
+        with server_threads(self.threads):
             return self._search(query_ids, queries, k, out_ids, out_sims)
-        finally:
-            torch.set_num_threads(previous_threads)
-            if faiss is not None and self.threads is not None:
-                faiss.omp_set_num_threads(previous_omp)
 
     def _search(
         self,
