@@ -59,7 +59,14 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
         plugins = tmp_path / "my_plugins"
         shutil.copytree(REPO_ROOT / "examples" / "plugins", plugins)
         plugin_summary, plugin_output = cluster_script.run_on_cluster(
-            cluster, "everything.yaml", root / "plugins", ROUNDS, cwd=plugins, address=None
+            cluster,
+            "everything.yaml",
+            root / "plugins",
+            ROUNDS,
+            # tasks every round (automatic packing may train small rounds in the server actor)
+            extra=["--set", "clients.per_task=5"],
+            cwd=plugins,
+            address=None,
         )
         # the same through `ray job submit --working-dir` (the job's own runtime env)
         job_output = cluster_script.submit_job(
