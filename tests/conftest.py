@@ -61,3 +61,15 @@ def ray_session():
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _default_ctrl_c():
+    """Every test starts with Python's own SIGINT handler. A library may leave SIGINT ignored
+    in this process (which child processes would inherit, so a CLI run under test could not
+    be stopped): the Ctrl-C tests need the default."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield

@@ -49,7 +49,8 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
             str(digits_config_path),
             root / "run",
             ROUNDS,
-            extra=["--set", "clients.num_gpus=0.25"],
+            # 10 epochs: tasks long enough to overlap, so Ray spreads them over both nodes
+            extra=["--set", "clients.num_gpus=0.25", "--set", "clients.local_epochs=10"],
         )
         metrics = _wait_for_metrics(cluster_script, cluster.metrics_ports)
         # a researcher's own plug-ins (examples/plugins copied outside the repo), run from
@@ -93,7 +94,7 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
 
     # the same config on the local backend, on the CPU: the same model, so the same accuracy
     local = run(
-        digits_config(f"run.rounds={ROUNDS}", "clients.per_task=5"),
+        digits_config(f"run.rounds={ROUNDS}", "clients.per_task=5", "clients.local_epochs=10"),
         tmp_path / "local",
         progress=False,
         tensorboard=False,
