@@ -49,8 +49,8 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
             str(digits_config_path),
             root / "run",
             ROUNDS,
-            # 10 epochs: tasks long enough to overlap, so Ray spreads them over both nodes
-            extra=["--set", "clients.num_gpus=0.25", "--set", "clients.local_epochs=10"],
+            # 200 epochs (~0.3 s a task): tasks overlap, so Ray spreads them over both nodes
+            extra=["--set", "clients.num_gpus=0.25", "--set", "clients.local_epochs=200"],
         )
         metrics = _wait_for_metrics(cluster_script, cluster.metrics_ports)
         # a researcher's own plug-ins (examples/plugins copied outside the repo), run from
@@ -64,8 +64,9 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
             "everything.yaml",
             root / "plugins",
             ROUNDS,
-            # tasks every round (automatic packing may train small rounds in the server actor)
-            extra=["--set", "clients.per_task=5"],
+            # tasks every round (automatic packing may train small rounds in the server actor),
+            # long enough to overlap so that Ray spreads them over both nodes
+            extra=["--set", "clients.per_task=5", "--set", "clients.local_epochs=200"],
             cwd=plugins,
             address=None,
         )
@@ -77,7 +78,8 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
             # must match the cluster's Python
             [sys.executable, "-m", "raysim.cli", "run", "everything.yaml",
              "--out", str(root / "job"),
-             "--set", f"run.rounds={ROUNDS}", "--set", "clients.per_task=5"],
+             "--set", f"run.rounds={ROUNDS}", "--set", "clients.per_task=5",
+             "--set", "clients.local_epochs=200"],
         )  # fmt: skip
         job_summary = json.loads((root / "job" / "summary.json").read_text())
         assert cluster_script.leftover_processes(str(root))  # sanity: the marker finds them
@@ -94,7 +96,7 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
 
     # the same config on the local backend, on the CPU: the same model, so the same accuracy
     local = run(
-        digits_config(f"run.rounds={ROUNDS}", "clients.per_task=5", "clients.local_epochs=10"),
+        digits_config(f"run.rounds={ROUNDS}", "clients.per_task=5", "clients.local_epochs=200"),
         tmp_path / "local",
         progress=False,
         tensorboard=False,
@@ -107,7 +109,8 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
     monkeypatch.chdir(plugins)  # the plug-ins import from the folder raysim runs in
     plugin_local = run(
         config_module.load(
-            plugins / "everything.yaml", [f"run.rounds={ROUNDS}", "clients.per_task=5"]
+            plugins / "everything.yaml",
+            [f"run.rounds={ROUNDS}", "clients.per_task=5", "clients.local_epochs=200"],
         ),
         tmp_path / "plugins_local",
         progress=False,
