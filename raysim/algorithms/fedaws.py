@@ -414,15 +414,8 @@ class FedAwS(ClassEmbeddingMethod):
             classes = normalize_rows(classes - step * np.asarray(grad, dtype=np.float32))
             times["spreadout_s"] = time.perf_counter() - started
             return classes
-        started = time.perf_counter()
-        index = self._synced_index(classes, updated, round_index, ctx)
-        neighbor_ids, neighbor_nu = reg.mine_negatives(
-            index, classes, updated, self.k, self.distance
-        )
-        times["index_s"] = time.perf_counter() - started
-        started = time.perf_counter()
-        _, grad_rows, grad_ids = reg.spreadout_topk(  # products on the server's GPU if any
-            classes, updated, neighbor_ids, neighbor_nu, self.distance, server_device(ctx)
+        index, grad_rows, grad_ids, started = self._mined_gradient(
+            classes, updated, round_index, ctx, times
         )
         classes[grad_ids] = normalize_rows(
             classes[grad_ids] - step * np.asarray(grad_rows, dtype=np.float32)
@@ -444,20 +437,12 @@ class FedAwS(ClassEmbeddingMethod):
     ) -> bool:
         """`_spreadout_step` (top-k mining) written into `classes` block by block; False
         (classes untouched) when a new row would not be finite."""
-        from raysim.algorithms import spreadout as reg
 
         if self.spreadout == "none" or self.lambda_ == 0:
             return True
         step = self.lambda_ * (self.spreadout_lr or ctx.config.clients.lr)
-        started = time.perf_counter()
-        index = self._synced_index(classes, updated, round_index, ctx)
-        neighbor_ids, neighbor_nu = reg.mine_negatives(
-            index, classes, updated, self.k, self.distance
-        )
-        times["index_s"] = time.perf_counter() - started
-        started = time.perf_counter()
-        _, grad_rows, grad_ids = reg.spreadout_topk(  # products on the server's GPU if any
-            classes, updated, neighbor_ids, neighbor_nu, self.distance, server_device(ctx)
+        index, grad_rows, grad_ids, started = self._mined_gradient(
+            classes, updated, round_index, ctx, times
         )
         rows = np.asarray(grad_rows, dtype=np.float32)  # becomes the new rows, block by block
         if not rows.flags.writeable:
@@ -470,6 +455,24 @@ class FedAwS(ClassEmbeddingMethod):
         index.update(grad_ids, rows)  # keep the index equal to W
         times["index_s"] += time.perf_counter() - started
         return True
+
+    def _mined_gradient(self, classes, updated, round_index: int, ctx: RunContext, times):
+        """Top-k negative mining for the updated rows, then the sparse spreadout gradient
+        (Eq. 8): (index, gradient rows, their class ids, when the spreadout phase started).
+        `times["index_s"]` gets the mining's seconds."""
+        from raysim.algorithms import spreadout as reg
+
+        started = time.perf_counter()
+        index = self._synced_index(classes, updated, round_index, ctx)
+        neighbor_ids, neighbor_nu = reg.mine_negatives(
+            index, classes, updated, self.k, self.distance
+        )
+        times["index_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        _, grad_rows, grad_ids = reg.spreadout_topk(  # products on the server's GPU if any
+            classes, updated, neighbor_ids, neighbor_nu, self.distance, server_device(ctx)
+        )
+        return index, grad_rows, grad_ids, started
 
     def _synced_index(self, classes, updated, round_index: int, ctx: RunContext):
         """The nearest-class index, holding exactly `classes` (rebuilt when new or stale).

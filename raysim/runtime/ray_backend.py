@@ -259,8 +259,20 @@ def _client_task(
     # `personal`: the clients' own payloads (FedAwS: their class rows), only theirs.
     # `attempts`: each client's attempt (None: all 0); injected faults depend on it, and an
     # injected hard exit really ends this worker (raysim.core.faults).
+    updates, seconds = _train_with_bundle(
+        run_ref[0], payload, round_index, client_ids, personal, attempts, hard_exits=True
+    )
+    # The node id shows where clients ran (summary.json's task_nodes; multi-node runs).
+    return updates, seconds, ray.get_runtime_context().get_node_id()
+
+
+def _train_with_bundle(
+    run_ref, payload, round_index: int, client_ids, personal, attempts=None, hard_exits=False
+) -> tuple[list, float]:
+    """The clients' training with the run's cached bundle, in this process (a client task, or
+    the server actor for a small round): their updates and the seconds it took."""
     started = time.perf_counter()
-    ctx, algorithm, train_x, train_y, indices, offsets = _run_bundle(run_ref[0])
+    ctx, algorithm, train_x, train_y, indices, offsets = _run_bundle(run_ref)
     updates = train_clients(
         ctx,
         algorithm,
@@ -273,10 +285,9 @@ def _client_task(
         client_ids,
         personal,
         attempts=attempts,
-        hard_exits=True,
+        hard_exits=hard_exits,
     )
-    # The node id shows where clients ran (summary.json's task_nodes; multi-node runs).
-    return updates, time.perf_counter() - started, ray.get_runtime_context().get_node_id()
+    return updates, time.perf_counter() - started
 
 
 # The most a round's deadline is extended while the first round starts the client workers.
@@ -514,21 +525,9 @@ class ServerActor:
     def _train_here(self, info: RoundInfo, payload, personal) -> tuple[list, float]:
         """Train a round's clients in this process with the code and bundle a task uses (the
         same updates, bit for bit); returns the updates and the seconds it took."""
-        started = time.perf_counter()
-        ctx, algorithm, train_x, train_y, indices, offsets = _run_bundle(self.run_ref[0])
-        updates = train_clients(
-            ctx,
-            algorithm,
-            payload,
-            train_x,
-            train_y,
-            indices,
-            offsets,
-            info.round_index,
-            info.trained_ids,
-            personal,
+        return _train_with_bundle(
+            self.run_ref[0], payload, info.round_index, info.trained_ids, personal
         )
-        return updates, time.perf_counter() - started
 
     def _run_round_here(
         self, info: RoundInfo, evaluate: bool, next_round: tuple | None
@@ -687,7 +686,8 @@ class RayBackend:
         if decided is None:
             decided = self._placement[round_index] = self._place(round_index)
             for old in [r for r in self._placement if r < round_index - 2]:
-                del self._placement[old]
+                del self._placement[old]  # (only the last rounds are ever looked at)
+                self._clients_of.pop(old, None)
         return decided
 
     def _place(self, round_index: int) -> bool:
