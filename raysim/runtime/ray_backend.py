@@ -342,18 +342,17 @@ class ServerActor:
         self.faults = FaultPlan.from_config(ctx.config)
         self.max_retries = clients.max_retries
         self.deadline_s = ctx.config.run.round_deadline_s
-        # Starting a client worker (Python, torch, the run's data; 1-3 s here) is not lateness.
-        # The first round this actor runs starts them: its deadline counts from the first
-        # update's arrival (or, if none arrives, WORKER_START_ALLOWANCE_S later), and that
-        # arrival's time measures a worker's start. A late task is cancelled with force, which
-        # ends its worker (a plain cancel raises KeyboardInterrupt anywhere in the task, even
-        # inside a module's first import, and leaves a broken worker for later tasks); the
-        # round after such a cancel gets the measured start time on top of its deadline, for
-        # the replacements. Timed from the dispatch without these, a 1 s deadline on 20 ms
-        # rounds trained nothing: 0 of 64 updates in 8 rounds.
-        self.first_round = True
-        self.worker_start_s: float | None = None
-        self.workers_ended = False
+        # Starting a client worker (Python, torch, the run's data; 1-3 s here, more under load)
+        # is not lateness. A round that starts workers (the first one this actor runs, and any
+        # after a round that cancelled tasks) counts its deadline from the first update's
+        # arrival (or, if none arrives, WORKER_START_ALLOWANCE_S later). A late task is
+        # cancelled with force, which ends its worker (a plain cancel raises KeyboardInterrupt
+        # anywhere in the task, even inside a module's first import, and leaves a broken worker
+        # for later tasks), so the next round starts replacements. Timed from the dispatch, a
+        # 1 s deadline on 20 ms rounds trained nothing: 0 of 64 updates in 8 rounds; adding a
+        # start time measured once was not enough either (round 1 may find warm workers and
+        # measure 0.05 s, while replacements under load took seconds: 0 updates in a round).
+        self.workers_starting = True
         self._publish_payload()
         self._prefetched: tuple[int, float, list, list] | None = None
         # A small next round's training, started on a thread (see _run_round_here).
@@ -417,12 +416,10 @@ class ServerActor:
         retries = 0
         pending = list(task_refs)
         deadline = None if self.deadline_s is None else started + self.deadline_s
-        starting_workers = self.first_round and deadline is not None
+        starting_workers = self.workers_starting and deadline is not None
         if starting_workers:
             deadline += WORKER_START_ALLOWANCE_S
-        elif deadline is not None and self.workers_ended:  # replacements are starting
-            deadline += self.worker_start_s or WORKER_START_ALLOWANCE_S
-        self.first_round = self.workers_ended = False
+        self.workers_starting = False
 
         def submit(client_ids: np.ndarray, attempts: np.ndarray) -> None:
             nonlocal retries
@@ -473,7 +470,7 @@ class ServerActor:
             if not done:  # the round's deadline passed: cancel what runs, drop its clients
                 for ref in pending:
                     ray.cancel(ref, force=True)  # ends the worker (see __init__)
-                    self.workers_ended = True
+                    self.workers_starting = True  # the next round starts replacements
                     client_ids, _ = tasks.pop(ref)
                     finish(int(client_ids[0]), [_Dropped(int(c), late=True) for c in client_ids])
                 pending = []
@@ -497,9 +494,7 @@ class ServerActor:
                     finished[int(client_ids[0])] = updates
                     compute_s += task_s
                     if starting_workers:  # a worker is up: from now on the deadline holds
-                        now = time.perf_counter()
-                        self.worker_start_s = now - started
-                        deadline = min(deadline, now + self.deadline_s)
+                        deadline = min(deadline, time.perf_counter() + self.deadline_s)
                         starting_workers = False
             while keys and keys[0] in finished:  # fold in client-id order
                 key = heapq.heappop(keys)
