@@ -64,7 +64,8 @@ from raysim.models.layout import layout_of
 from raysim.models.vector import cached_model
 from raysim.outputs import peak_rss_bytes
 
-PHASES = ("aggregation", "index", "spreadout", "evaluation")
+SERVER_PHASES = ("aggregation", "index", "spreadout", "evaluation")
+PHASES = ("clients", *SERVER_PHASES)
 FULL_MODEL = {"bag_dim": 512, "hidden": [1024, 1024], "embedding_dim": 512}
 
 
@@ -89,30 +90,32 @@ def cpus() -> int:
 def make_config(args: argparse.Namespace, num_clients: int):
     """The configuration examples/fedaws_amazon670k.py runs at --scale (exact index, Adam),
     with --k negatives and --eval-points."""
-    return config_module.from_dict(
-        {
-            "run": {"seed": args.seed, "rounds": 2, "eval_every": 1, "checkpoint_every": 0},
-            "data": {"name": "synthetic_xml", "scale": args.scale},
-            "partition": {"name": "one_class", "num_clients": num_clients},
-            "clients": {
-                "per_round": min(args.clients_per_round, num_clients),
-                "local_epochs": 1,
-                "batch_size": 64,
-                "lr": 1.0,
-            },
-            "server": {"optimizer": "adam", "lr": 0.01, "eps": 1.0e-6},
-            "model": {"name": "xml_embedding_bag", **FULL_MODEL},
-            "algorithm": {
-                "name": "fedaws",
-                "k": args.k,
-                "class_lr": 0.1,
-                "spreadout_lr": 0.01,
-                "eval_max_points": args.eval_points,
-            },
-            "index": {"backend": "exact", "shards": 1},
-            "runtime": {"backend": "local"},
-        }
-    )
+    return config_module.from_dict(config_dict(args, num_clients))
+
+
+def config_dict(args: argparse.Namespace, num_clients: int) -> dict:
+    return {
+        "run": {"seed": args.seed, "rounds": 2, "eval_every": 1, "checkpoint_every": 0},
+        "data": {"name": "synthetic_xml", "scale": args.scale},
+        "partition": {"name": "one_class", "num_clients": num_clients},
+        "clients": {
+            "per_round": min(args.clients_per_round, num_clients),
+            "local_epochs": 1,
+            "batch_size": 64,
+            "lr": 1.0,
+        },
+        "server": {"optimizer": "adam", "lr": 0.01, "eps": 1.0e-6},
+        "model": {"name": "xml_embedding_bag", **FULL_MODEL},
+        "algorithm": {
+            "name": "fedaws",
+            "k": args.k,
+            "class_lr": 0.1,
+            "spreadout_lr": 0.01,
+            "eval_max_points": args.eval_points,
+        },
+        "index": {"backend": "exact", "shards": 1},
+        "runtime": {"backend": "local"},
+    }
 
 
 def synthetic_aggregate(
@@ -315,9 +318,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated subset of {PHASES}"
+    )
+    parser.add_argument(
+        "--client-workers", type=int, default=cpus(), help="worker processes (clients phase)"
+    )
+    parser.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "fedaws_phases.json")
     )
     args = parser.parse_args(argv)
+    phases = [phase for phase in PHASES if phase in args.phases.split(",")]
+    unknown = set(args.phases.split(",")) - set(PHASES)
+    if unknown or not phases:
+        parser.error(f"--phases: unknown {sorted(unknown)}; choose from {PHASES}")
     started = time.perf_counter()
     probe = config_module.from_dict(
         {"run": {"seed": args.seed}, "data": {"name": "synthetic_xml", "scale": args.scale}}
@@ -347,11 +360,190 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.inherited_threads} inherited; built in {time.perf_counter() - started:.0f} s",
         flush=True,
     )
-    rng = np.random.default_rng([args.seed, 7])
     step = algorithm.lambda_ * (algorithm.spreadout_lr or config.clients.lr)
     floor = Floor(state, layout, model, args.k, step, config.server, args.threads)
+    count = min(len(dataset.test_x), args.eval_points)
+    setup["num_clients"] = split.num_clients
+
+    clients_repetitions = []
+    if "clients" in phases:
+        clients_repetitions = clients_phase(args, config, setup, state, algorithm)
+    repetitions = []
+    if any(phase in phases for phase in SERVER_PHASES):
+        repetitions = server_phases(args, setup, state, algorithm, ctx, floor, dataset)
+    for record in repetitions:  # one record per repetition, the clients phase's merged in
+        if clients_repetitions:
+            clients = clients_repetitions[record["repetition"]]
+            for key in ("raysim_s", "floor_s", "ratio"):
+                record[key]["clients"] = clients[key]
+            record["clients"] = clients
+    if not repetitions:
+        repetitions = [
+            {
+                "repetition": r["repetition"],
+                "raysim_s": {"clients": r["raysim_s"]},
+                "floor_s": {"clients": r["floor_s"]},
+                "ratio": {"clients": r["ratio"]},
+                "clients": r,
+            }
+            for r in clients_repetitions
+        ]
+    phases = [phase for phase in phases if phase in repetitions[0]["ratio"]]
+
+    summary = {}
+    for phase in phases:
+        summary[phase] = {
+            "raysim_s": statistics.median(r["raysim_s"][phase] for r in repetitions),
+            "floor_s": statistics.median(r["floor_s"][phase] for r in repetitions),
+            "ratio": statistics.median(r["ratio"][phase] for r in repetitions),
+        }
+    checks = [r["server_finite_check_s"] for r in repetitions if "server_finite_check_s" in r]
+    check_s = statistics.median(checks) if checks else None
+    print()
+    header = f"{'phase':<12} {'raysim s':>9} {'floor s':>9} {'ratio':>7}  (median of ratios)"
+    print(header)
+    print("-" * len(header))
+    for phase in phases:
+        row = summary[phase]
+        print(f"{phase:<12} {row['raysim_s']:>9.2f} {row['floor_s']:>9.2f} {row['ratio']:>7.2f}")
+    if check_s is not None:
+        print(f"(the Server's non-finite check of the new state, outside FedAwS: {check_s:.2f} s)")
+    print(
+        f"peak RSS {peak_rss_bytes() / 2**30:.2f} GiB (this process; the clients phase's "
+        f"workers apart); wall {time.perf_counter() - started:.0f} s"
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": "fedaws_phases",
+        "args": vars(args),
+        "shapes": {
+            "classes": int(W.shape[0]),
+            "dim": int(W.shape[1]),
+            "theta": int(state.arrays["params"].size),
+            "clients_per_round": int(config.clients.per_round),
+            "eval_points": count,
+        },
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": cpus(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+        },
+        "summary": summary,
+        "server_finite_check_s": check_s,
+        "repetitions": repetitions,
+        "peak_rss_gb": peak_rss_bytes() / 2**30,
+    }
+    out.write_text(json.dumps(payload, indent=2, default=float))
+    print(f"wrote {out}")
+
+
+def clients_phase(args, config, setup, state, algorithm) -> list[dict]:
+    """The clients phase (benchmarks/fedaws_clients.py): per repetition one round's sampled
+    clients, split over --client-workers processes, through raysim's task body and through
+    the plain loop, alternated; each timed from sending the work to holding the summed
+    result."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import fedaws_clients
+
+    from raysim.core.clients import chunk_clients
+
+    spawn = multiprocessing.get_context("spawn")
+    started = time.perf_counter()
+    workers = [
+        ProcessPoolExecutor(
+            1,
+            mp_context=spawn,
+            initializer=fedaws_clients.start_worker,
+            initargs=(config_dict(args, config.partition.num_clients),),
+        )
+        for _ in range(args.client_workers)
+    ]
+    try:
+        theta_sum = float(np.asarray(state.arrays["params"], dtype=np.float64).sum())
+        for worker in workers:
+            if worker.submit(fedaws_clients.theta_checksum).result() != theta_sum:
+                raise SystemExit("a clients-phase worker built another theta than the server")
+        print(
+            f"clients phase: {len(workers)} worker processes (1 torch thread each) built the "
+            f"run in {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
+        classes = state.arrays["class_embeddings"]
+
+        def run(system: str, round_index: int, token: int, clients) -> tuple[dict, float]:
+            halves = chunk_clients(clients, len(workers))
+            began = time.perf_counter()
+            futures = [
+                worker.submit(
+                    fedaws_clients.run_half,
+                    system,
+                    round_index,
+                    token,
+                    half,
+                    [(int(c), classes[c]) for c in setup["client_classes"][half]],
+                )
+                for worker, half in zip(workers, halves, strict=False)
+            ]
+            parts = [future.result()[0] for future in futures]
+            if system == "raysim":
+                merged = None
+                for part in parts:
+                    merged = algorithm.merge_reduced(merged, part, None)
+            else:
+                merged = fedaws_clients.merge_floor(parts)
+            return merged, time.perf_counter() - began
+
+        records = []
+        for repetition in range(-1, args.repeats):  # -1: the warm-up, untimed
+            round_index = repetition + 1
+            token = round_index + 1  # a new payload: each worker loads theta once a round
+            clients = np.sort(
+                sample_clients(setup["seed"], round_index, setup["num_clients"], setup["per_round"])
+            )
+            raysim_first = repetition % 2 == 0
+            load = os.getloadavg()[0]
+            times, results = {}, {}
+            for system in ("raysim", "floor") if raysim_first else ("floor", "raysim"):
+                results[system], times[system] = run(system, round_index, token, clients)
+            if repetition < 0:
+                continue
+            mine = fedaws_clients.mean_dense_delta("raysim", results["raysim"])
+            theirs = fedaws_clients.mean_dense_delta("floor", results["floor"])
+            difference = float(np.abs(mine - theirs).max() / max(np.abs(theirs).max(), 1e-30))
+            record = {
+                "repetition": repetition,
+                "raysim_first": raysim_first,
+                "raysim_s": times["raysim"],
+                "floor_s": times["floor"],
+                "ratio": times["raysim"] / times["floor"],
+                "clients": int(len(clients)),
+                "weight": [int(results["raysim"]["weight"]), int(results["floor"]["weight"])],
+                "mean_delta_max_relative_difference": difference,
+                "load_average_1min": load,
+            }
+            records.append(record)
+            print(
+                f"  clients repetition {repetition}: {times['raysim']:.2f}/{times['floor']:.2f} s "
+                f"(raysim/floor; mean dense delta agrees to {difference:.1e} relative; "
+                f"load {load:.1f})",
+                flush=True,
+            )
+        return records
+    finally:
+        for worker in workers:
+            worker.shutdown()
+
+
+def server_phases(args, setup, state, algorithm, ctx, floor, dataset) -> list[dict]:
+    """The four server phases, raysim's and the floor's, alternated per repetition."""
     test_x, test_y = dataset.test_x, dataset.test_y
     count = min(len(test_x), args.eval_points)
+    rng = np.random.default_rng([args.seed, 7])
 
     def raysim_round(round_state, aggregate):
         set_threads(args.inherited_threads)
@@ -407,7 +599,7 @@ def main(argv: list[str] | None = None) -> None:
             "raysim_first": raysim_first,
             "raysim_s": mine,
             "floor_s": theirs,
-            "ratio": {phase: mine[phase] / theirs[phase] for phase in PHASES},
+            "ratio": {phase: mine[phase] / theirs[phase] for phase in SERVER_PHASES},
             "server_finite_check_s": check,
             "load_average_1min": load,
             "raysim_eval": metrics,
@@ -416,56 +608,13 @@ def main(argv: list[str] | None = None) -> None:
         repetitions.append(record)
         print(
             f"  repetition {repetition}: "
-            + ", ".join(f"{phase} {mine[phase]:.2f}/{theirs[phase]:.2f} s" for phase in PHASES)
+            + ", ".join(
+                f"{phase} {mine[phase]:.2f}/{theirs[phase]:.2f} s" for phase in SERVER_PHASES
+            )
             + f" (raysim/floor; load {load:.1f})",
             flush=True,
         )
-
-    summary = {}
-    for phase in PHASES:
-        summary[phase] = {
-            "raysim_s": statistics.median(r["raysim_s"][phase] for r in repetitions),
-            "floor_s": statistics.median(r["floor_s"][phase] for r in repetitions),
-            "ratio": statistics.median(r["ratio"][phase] for r in repetitions),
-        }
-    check_s = statistics.median(r["server_finite_check_s"] for r in repetitions)
-    print()
-    header = f"{'phase':<12} {'raysim s':>9} {'floor s':>9} {'ratio':>7}  (median of ratios)"
-    print(header)
-    print("-" * len(header))
-    for phase in PHASES:
-        row = summary[phase]
-        print(f"{phase:<12} {row['raysim_s']:>9.2f} {row['floor_s']:>9.2f} {row['ratio']:>7.2f}")
-    print(
-        f"(the Server's non-finite check of the new state, outside FedAwS: {check_s:.2f} s)\n"
-        f"peak RSS {peak_rss_bytes() / 2**30:.2f} GiB; wall {time.perf_counter() - started:.0f} s"
-    )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "benchmark": "fedaws_phases",
-        "args": vars(args),
-        "shapes": {
-            "classes": int(W.shape[0]),
-            "dim": int(W.shape[1]),
-            "theta": int(state.arrays["params"].size),
-            "clients_per_round": int(config.clients.per_round),
-            "eval_points": count,
-        },
-        "machine": {
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "cpus": cpus(),
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-        },
-        "summary": summary,
-        "server_finite_check_s": check_s,
-        "repetitions": repetitions,
-        "peak_rss_gb": peak_rss_bytes() / 2**30,
-    }
-    out.write_text(json.dumps(payload, indent=2, default=float))
-    print(f"wrote {out}")
+    return repetitions
 
 
 if __name__ == "__main__":

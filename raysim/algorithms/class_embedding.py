@@ -20,6 +20,7 @@ clients into tasks, any number of workers and either backend give the same model
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,13 +31,16 @@ from raysim.config import MAX_LEARNING_RATE
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.fixed_point import (
+    EXACT_FLOAT64,
+    FIXED_LIMIT,
     FIXED_SCALE,
     MAX_FIXED_WEIGHT,
+    add_fixed_in_place,
     checked_add,
     concat_rows,
-    exceeds_fixed_range,
+    fold_scratch,
     sum_rows_by_id,
-    to_fixed_bounded,
+    to_fixed_known_peak,
 )
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import local_training
@@ -85,18 +89,115 @@ class ClassRow:
         return self.row.shape
 
 
-def _float_array_problem(name: str, value, shape: tuple[int, ...]) -> str | None:
-    if not isinstance(value, np.ndarray) or value.dtype != np.float32:
+class DenseDelta:
+    """The dense part of a FedAwS/softmax client's message, read where it lies: the worker
+    model's dense parameters minus theta's dense part, float32.
+
+    A task's reducer folds it a cache-sized chunk at a time (`read_chunk`: the subtraction,
+    the check and the fixed-point conversion of a chunk while it is in cache) instead of
+    materialising the 8 MB difference and reading it again. It is valid while the worker's
+    model still holds this client's parameters, i.e. until the next client of the task starts
+    (the task body folds each message before that); read later it raises instead of giving
+    another client's values. Array-like: np.asarray gives the float32 difference."""
+
+    def __init__(self, model, layout: ModelLayout, base: torch.Tensor) -> None:
+        self._model, self._layout, self._base = model, layout, base
+        self._client = model._fedaws_client  # which client's parameters these are
+        self._arrays = layout.dense_arrays()  # numpy views: no torch call per chunk
+        self._base_array = base.numpy() if base.device.type == "cpu" else None
+        self.shape = (len(base),)
+        self.dtype = np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _check_current(self) -> None:
+        if self._model._fedaws_client != self._client:
+            raise RuntimeError(
+                "a client's dense delta was read after the worker model moved on to another "
+                "client (fold or copy a message before the next client trains)"
+            )
+
+    def read_chunk(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """The difference's entries [start, stop) written into `out` (float32, at least
+        stop - start long); returns that part of `out`."""
+        self._check_current()
+        part = out[: stop - start]
+        base = self._base_array
+        for position, count, flat in self._arrays:
+            low, high = max(start, position), min(stop, position + count)
+            if low < high:
+                np.subtract(
+                    flat[low - position : high - position],
+                    base[low:high],
+                    out=part[low - start : high - start],
+                )
+        return part
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        self._check_current()
+        return np.asarray(self._layout.dense_delta(self._base), dtype=dtype)
+
+    def __wire_nbytes__(self) -> int:
+        return 4 * len(self)
+
+
+def _materialised(message):
+    """`message` with a DenseDelta replaced by its array (for checks that read it whole)."""
+    if isinstance(message, dict) and isinstance(message.get("dense"), DenseDelta):
+        return {**message, "dense": np.asarray(message["dense"])}
+    return message
+
+
+def peak_magnitude(value: np.ndarray) -> float:
+    """max |value| of a float array (NaN when it holds a NaN, inf an Inf; 0 when empty), from
+    its max and min: no temporary array of |value|."""
+    if not value.size:
+        return 0.0
+    if value.size >= 1 << 16 and value.flags.writeable:  # one pass instead of two
+        low, high = (float(end) for end in torch.aminmax(torch.from_numpy(value).reshape(-1)))
+    else:
+        high, low = float(value.max()), float(value.min())
+    if math.isnan(high) or math.isnan(low):
+        return math.nan
+    return max(high, -low)
+
+
+def _float_array_problem(
+    name: str, value, shape: tuple[int, ...], peaks: dict, deferred=()
+) -> str | None:
+    """Why `value` is not a finite float32 array of `shape`, or None; its peak magnitude goes
+    into `peaks[name]` (the range check and the fixed-point conversion reuse it). A name in
+    `deferred` is checked for dtype and shape only: its caller checks the values later."""
+    readable = isinstance(value, np.ndarray) or (name in deferred and isinstance(value, DenseDelta))
+    if not readable or value.dtype != np.float32:
         return f"'{name}' must be a float32 array, got {type(value).__name__}"
     if value.shape != shape:
         return f"'{name}' has shape {value.shape}, expected {shape}"
-    if not np.isfinite(value).all():
-        return f"'{name}' holds NaN or Inf"
+    if name in deferred:
+        return None
+    peaks[name] = peak_magnitude(value)
+    if not math.isfinite(peaks[name]):
+        return _not_finite(name)
     return None
+
+
+def _not_finite(name: str) -> str:
+    return f"'{name}' holds NaN or Inf"
 
 
 def check_message(message, num_samples, layout: ModelLayout, num_classes: int, dim: int):
     """Why a FedAwS/softmax client message is malformed, or None (checked in the task)."""
+    return _message_problem(_materialised(message), num_samples, layout, num_classes, dim, {})
+
+
+def _message_problem(
+    message, num_samples, layout, num_classes: int, dim: int, peaks: dict, deferred=()
+):
+    """`check_message`, filling `peaks` with each float array's largest magnitude (one pass
+    over each array for every check, and none more for its fixed-point conversion). The
+    values of the arrays named in `deferred` are left to the caller to check (finite, in
+    range), which then reports their problems with DENSE_PROBLEMS' words."""
     if not isinstance(message, dict):
         return f"message must be a dict, got {type(message).__name__}"
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -105,7 +206,7 @@ def check_message(message, num_samples, layout: ModelLayout, num_classes: int, d
         shown = f"{num_samples}" if num_samples < 10**15 else f"{len(str(num_samples))} digits"
         return f"num_samples must be below 2^29 = {MAX_FIXED_WEIGHT:,}, got {shown}"
     dense_size = layout.size if layout.bag is None else len(layout.dense_index)
-    problem = _float_array_problem("dense", message.get("dense"), (dense_size,))
+    problem = _float_array_problem("dense", message.get("dense"), (dense_size,), peaks, deferred)
     if problem:
         return problem
     if layout.bag is not None:
@@ -117,28 +218,30 @@ def check_message(message, num_samples, layout: ModelLayout, num_classes: int, d
         if len(ids) > 1 and not (np.diff(ids.astype(np.int64)) > 0).all():
             return "'bag_ids' must be strictly increasing"
         problem = _float_array_problem(
-            "bag_rows", message.get("bag_rows"), (len(ids), layout.bag_width)
+            "bag_rows", message.get("bag_rows"), (len(ids), layout.bag_width), peaks
         )
         if problem:
             return problem
     if "row" in message:
-        problem = _float_array_problem("row", message["row"], (dim,))
+        problem = _float_array_problem("row", message["row"], (dim,), peaks)
         if problem:
             return problem
         cls = message.get("class")
         if isinstance(cls, bool) or not isinstance(cls, int) or not 0 <= cls < num_classes:
             return f"'class' must be a class id in [0, {num_classes}), got {cls!r}"
     if "classes" in message:
-        problem = _float_array_problem("classes", message["classes"], (num_classes, dim))
+        problem = _float_array_problem("classes", message["classes"], (num_classes, dim), peaks)
         if problem:
             return problem
     for key in ("dense", "bag_rows", "row", "classes"):
-        value = message.get(key)
         weight = 1 if key == "row" else num_samples  # rows are averaged per class, unweighted
-        if isinstance(value, np.ndarray) and value.size:
-            if exceeds_fixed_range(value, weight):
-                return f"'{key}' too large for exact aggregation (did local training diverge?)"
+        if key in peaks and peaks[key] * weight * FIXED_SCALE >= FIXED_LIMIT:
+            return _too_large(key)
     return None
+
+
+def _too_large(key: str) -> str:
+    return f"'{key}' too large for exact aggregation (did local training diverge?)"
 
 
 def normalize_rows(rows: np.ndarray) -> np.ndarray:
@@ -188,14 +291,19 @@ class ClassEmbeddingMethod:
     def _worker_model(self, ctx: RunContext, broadcast: Broadcast, device=None):
         """This worker's model (on `device`; None: the CPU) holding theta; loaded in full once
         per payload, after that only the dense layers are reset (the bag table is never
-        modified in place)."""
+        modified in place). theta's dense part is kept beside it (`_fedaws_dense`, gathered
+        once per payload): each client's reset and delta read it instead of the full theta."""
         model = cached_model(ctx, device)
         layout = layout_of(model)
         if getattr(model, "_fedaws_token", None) != broadcast.token:
             set_vector(model, broadcast.theta)
+            dense = torch.from_numpy(np.ascontiguousarray(layout.theta_dense(broadcast.theta)))
+            model._fedaws_dense = dense.to(device) if device is not None else dense
             model._fedaws_token = broadcast.token
         else:
-            layout.load_dense(broadcast.theta)
+            layout.load_dense_from(model._fedaws_dense)
+        # A new client on this model: earlier clients' DenseDelta messages are no longer valid.
+        model._fedaws_client = getattr(model, "_fedaws_client", 0) + 1
         return model, layout
 
     def _client_setup(self, ctx: RunContext, broadcast: Broadcast, x: torch.Tensor, y):
@@ -250,7 +358,11 @@ class ClassEmbeddingMethod:
     def _theta_message(self, model, layout, broadcast, touched, table) -> dict:
         """The theta part of a client's message: dense delta (+ touched bag rows' delta)."""
         theta = broadcast.theta
-        message = {"dense": layout.dense_vector() - layout.theta_dense(theta)}
+        base = model._fedaws_dense
+        if base.device.type == "cpu":  # read by the task's reducer in chunks (DenseDelta)
+            message = {"dense": DenseDelta(model, layout, base)}
+        else:  # one copy from the GPU
+            message = {"dense": layout.dense_delta(base)}
         if layout.bag is not None:
             with torch.no_grad():
                 rows = to_numpy(table) - layout.bag_row_slice(theta, touched)
@@ -365,12 +477,18 @@ class _Reducer:
     Each sum carries an upper bound of its largest magnitude, the sum of its terms' bounds (a
     Python int; raysim.core.fixed_point): while it fits int64 the sums are plain numpy adds,
     beyond it they are checked exactly and SumOverflowError is raised rather than letting
-    int64 wrap around. The bounds travel with the result to `merge_reduced`."""
+    int64 wrap around. The bounds travel with the result to `merge_reduced`.
+
+    The dense sum (the one full-size array a FedAwS client sends) is kept in float64 while its
+    bound is at most 2^53: every term is an integer (round(value x weight x 2^32)) and every
+    partial sum an integer below 2^53, so float64 adds them exactly, in place, without an
+    int64 conversion per client; beyond 2^53 it moves to int64 once. Bit for bit the int64
+    sum either way."""
 
     def __init__(self, layout: ModelLayout, num_classes: int, dim: int) -> None:
         self.layout, self.num_classes, self.dim_expected = layout, num_classes, dim
         self.weight = 0
-        self.dense: np.ndarray | None = None
+        self.dense: np.ndarray | None = None  # float64 (exact, see above) or int64
         self.bag_ids: list[np.ndarray] = []
         self.bag_rows: list[np.ndarray] = []
         self.class_ids: list[int] = []
@@ -378,6 +496,7 @@ class _Reducer:
         self.classes_dense: np.ndarray | None = None
         self.bag_width = 0
         self.dim = 0
+        self._scratch = fold_scratch()
         self.bounds = {"dense": 0, "bag_rows": 0, "class_rows": 0, "classes_dense": 0}
 
     def add(self, update: ClientUpdate, sent=None) -> str | None:
@@ -386,42 +505,76 @@ class _Reducer:
         `sent`: what the server sent this client (its personal payload, which the task body
         passes along; None: none). A FedAwS client was sent its own class's row (`ClassRow`)
         and may write back only that row: the class id is the server's, never the client's."""
-        problem = check_message(
-            update.message, update.num_samples, self.layout, self.num_classes, self.dim_expected
+        # The dense sum stays float64 (see the class) while even a term at the limit keeps it
+        # exact; then the dense values are checked as they are folded in (one pass over them).
+        fold_dense = (self.dense is None or self.dense.dtype == np.float64) and (
+            self.bounds["dense"] + FIXED_LIMIT <= EXACT_FLOAT64
+        )
+        peaks: dict[str, float] = {}
+        message = update.message if fold_dense else _materialised(update.message)
+        problem = _message_problem(
+            message,
+            update.num_samples,
+            self.layout,
+            self.num_classes,
+            self.dim_expected,
+            peaks,
+            ("dense",) if fold_dense else (),
         )
         if problem is not None:
             return problem
-        message, weight, client = update.message, int(update.num_samples), update.client_id
+        weight = int(update.num_samples)
         if "row" in message and isinstance(sent, ClassRow) and message["class"] != sent.class_id:
             return (
                 f"'class' is {message['class']}, but this client holds class {sent.class_id} "
                 f"(a client may only send its own class's row)"
             )
-        # Every fixed-point term and every sum first, then the reducer's state: a message whose
-        # sum overflows (SumOverflowError) leaves nothing half-folded.
+        # Every fixed-point term and every sum that can fail first, then the reducer's state:
+        # a message whose sum overflows (SumOverflowError) leaves nothing half-folded.
         bounds = dict(self.bounds)
-        dense, dense_bound = to_fixed_bounded(message["dense"], weight, client)
-        if self.dense is not None:
-            dense, dense_bound = checked_add(
-                self.dense, bounds["dense"], dense, dense_bound, "'dense'"
+        values = message["dense"]
+        dense = None  # the int64 sum, when the float64 one is no longer exact
+        if not fold_dense:  # int64 from here on (a float64 sum is exact, hence converted exactly)
+            dense, bounds["dense"] = checked_add(
+                self.dense.astype(np.int64, copy=False),
+                bounds["dense"],
+                to_fixed_known_peak(values, weight, peaks["dense"])[0].astype(np.int64),
+                math.ceil(peaks["dense"] * (weight * FIXED_SCALE)),
+                "'dense'",
             )
-        bounds["dense"] = dense_bound
         bag = row = classes = None
         if "bag_ids" in message:
-            bag, bag_bound = to_fixed_bounded(message["bag_rows"], weight, client)
+            bag, bag_bound = to_fixed_known_peak(message["bag_rows"], weight, peaks["bag_rows"])
+            bag = bag.astype(np.int64)
             bounds["bag_rows"] += bag_bound
         if message.get("row") is not None:
-            row, row_bound = to_fixed_bounded(message["row"][None, :], 1, client)
+            row, row_bound = to_fixed_known_peak(message["row"][None, :], 1, peaks["row"])
+            row = row.astype(np.int64)
             bounds["class_rows"] += row_bound
         if message.get("classes") is not None:
-            classes, classes_bound = to_fixed_bounded(message["classes"], weight, client)
+            classes, classes_bound = to_fixed_known_peak(
+                message["classes"], weight, peaks["classes"]
+            )
+            classes = classes.astype(np.int64)
             if self.classes_dense is not None:
                 classes, classes_bound = checked_add(
                     self.classes_dense, bounds["classes_dense"], classes, classes_bound, "'classes'"
                 )
             bounds["classes_dense"] = classes_bound
+        if dense is None:  # the exact float64 sum (see the class), which checks the values
+            if self.dense is None:
+                self.dense = np.zeros(len(values), dtype=np.float64)
+            peak = add_fixed_in_place(self.dense, values, weight, self._scratch)
+            if not math.isfinite(peak):  # (add_fixed_in_place left the sum as it was)
+                return _not_finite("dense")
+            if peak * weight * FIXED_SCALE >= FIXED_LIMIT:
+                return _too_large("dense")
+            # (peak x scale is exact: 24-bit x 29-bit significands, as in to_fixed_bounded)
+            bounds["dense"] += math.ceil(peak * (weight * FIXED_SCALE))
+        else:
+            self.dense = dense
         self.weight += weight
-        self.dense, self.bounds = dense, bounds
+        self.bounds = bounds
         if bag is not None:
             self.bag_width = message["bag_rows"].shape[1]
             self.bag_ids.append(message["bag_ids"].astype(np.int64))
@@ -452,9 +605,12 @@ class _Reducer:
             bounds["class_rows"],
             "'class_rows'",
         )
+        dense = self.dense
+        if dense is not None and dense.dtype != np.int64:
+            dense = dense.astype(np.int64)  # integers below 2^53: exact
         return {
             "weight": self.weight,
-            "dense": self.dense,
+            "dense": dense,
             "bag_ids": bag_ids,
             "bag_rows": bag_rows,
             "class_ids": class_ids,

@@ -61,9 +61,79 @@ def to_fixed_bounded(values: np.ndarray, weight: int, client_id: int) -> tuple[n
     return np.rint(scaled).astype(np.int64), math.ceil(peak)
 
 
-def exceeds_fixed_range(values: np.ndarray, weight: int) -> bool:
-    """Whether max |values| x weight is too large for an exact fixed-point sum."""
-    return float(np.max(np.abs(values))) * weight * FIXED_SCALE >= FIXED_LIMIT
+# Integers up to 2^53 in magnitude are exact in float64, and so is a sum of them that stays there.
+EXACT_FLOAT64 = 2**53
+
+
+def to_fixed_known_peak(values: np.ndarray, weight: int, peak: float) -> tuple[np.ndarray, int]:
+    """round(values * weight * 2^32) as float64 integers (exact: float32 x integer fits float64)
+    and an upper bound of their magnitude, for `values` whose largest magnitude `peak` has been
+    checked already (finite, peak x weight x 2^32 below FIXED_LIMIT). The same numbers as
+    `to_fixed_bounded`, in two passes (one scaled copy, rounded in place) and without the int64
+    conversion a caller summing in float64 (below EXACT_FLOAT64) does not need."""
+    scale = float(weight) * FIXED_SCALE
+    scaled = np.multiply(values, scale, dtype=np.float64)
+    np.rint(scaled, out=scaled)
+    # peak x scale is exact (24-bit x 29-bit significands): the bound to_fixed_bounded computes
+    return scaled, math.ceil(float(peak) * scale)
+
+
+FOLD_SCRATCH = 1 << 15  # elements scaled and rounded at a time: the scratch stays in cache
+
+
+def add_fixed_in_place(total: np.ndarray, values, weight: int, scratch=None) -> float:
+    """total += round(values * weight * 2^32) for a float64 `total` of integers, when every
+    acceptable term keeps the sum within EXACT_FLOAT64 (the caller's bound plus FIXED_LIMIT
+    is at most EXACT_FLOAT64): each step is then exact, so this is the int64 sum bit for bit.
+
+    `values`: a 1-D float32 array, or an object that computes its float32 values a range at a
+    time (`len()` and `read_chunk(start, stop, out)`, e.g. a client's parameters minus theta,
+    read where they lie). Returns max |values|. The values are checked as they are folded in,
+    a cache-sized chunk at a time (each chunk is read once for the check and the conversion;
+    `scratch`, reused across calls, from `fold_scratch()`): at the first chunk holding a NaN
+    or Inf, or a value too large for exact aggregation, the chunks already added are
+    subtracted again (exact too), `total` is left as it was, and that chunk's peak is
+    returned (NaN, inf or >= FIXED_LIMIT / (weight x 2^32)) for the caller to refuse them."""
+    scale = float(weight) * FIXED_SCALE
+    scratch = scratch if scratch is not None else fold_scratch()
+    flat_total = total.reshape(-1)
+    peak = 0.0
+    for start, chunk in _chunks(values, scratch):
+        high, low = float(chunk.max()), float(chunk.min())
+        chunk_peak = math.nan if math.isnan(high) or math.isnan(low) else max(high, -low)
+        if not chunk_peak * scale < FIXED_LIMIT:  # (False for NaN too)
+            for undo_start, undo in _chunks(values, scratch, stop=start):
+                part = _scaled(undo, scale, scratch)
+                flat_total[undo_start : undo_start + len(part)] -= part
+            return chunk_peak
+        peak = max(peak, chunk_peak)
+        part = _scaled(chunk, scale, scratch)
+        flat_total[start : start + len(part)] += part
+    return peak
+
+
+def fold_scratch() -> tuple[np.ndarray, np.ndarray]:
+    """Scratch arrays for `add_fixed_in_place` (float32 and float64, FOLD_SCRATCH each)."""
+    return np.empty(FOLD_SCRATCH, dtype=np.float32), np.empty(FOLD_SCRATCH, dtype=np.float64)
+
+
+def _chunks(values, scratch, stop: int | None = None):
+    """(start, float32 chunk) over values[:stop], FOLD_SCRATCH at a time."""
+    stop = len(values) if stop is None else stop
+    read = getattr(values, "read_chunk", None)
+    flat = values.reshape(-1) if read is None else None
+    for start in range(0, stop, FOLD_SCRATCH):
+        end = min(stop, start + FOLD_SCRATCH)
+        yield start, (flat[start:end] if read is None else read(start, end, scratch[0]))
+
+
+def _scaled(chunk: np.ndarray, scale: float, scratch) -> np.ndarray:
+    """round(chunk x scale) in float64, in the scratch array."""
+    part = scratch[1][: len(chunk)]
+    part[:] = chunk  # (a plain conversion, then a float64 multiply: both vectorised,
+    part *= scale  # faster than one multiply that converts on the fly)
+    np.rint(part, out=part)
+    return part
 
 
 def peak_of(values: np.ndarray) -> int:

@@ -38,6 +38,42 @@ class ModelLayout:
                 [np.arange(o, o + n) for _, o, n in self.dense]
             ).astype(np.int64)
 
+    def dense_delta(self, base: torch.Tensor) -> np.ndarray:
+        """The dense parameters minus `base` (theta's dense part, as `theta_dense` orders it, on
+        the parameters' device), float32: each tensor is subtracted straight into the result
+        (no concatenated copy of the parameters, no gather of theta per call)."""
+        out = torch.empty(len(base), dtype=torch.float32, device=base.device)
+        position = 0
+        with torch.no_grad():
+            for tensor, _, count in self.dense:
+                end = position + count
+                torch.sub(tensor.detach().reshape(-1), base[position:end], out=out[position:end])
+                position = end
+        return out.numpy() if out.device.type == "cpu" else out.cpu().numpy()
+
+    def dense_arrays(self) -> list[tuple[int, int, np.ndarray]]:
+        """(position in the dense vector, size, flat numpy view) of each dense CPU tensor: the
+        parameters themselves, read without torch's per-call overhead (kept while the tensors
+        keep their storage, which in-place updates and loads do)."""
+        views = getattr(self, "_dense_arrays", None)
+        pointers = [tensor.data_ptr() for tensor, _, _ in self.dense]
+        if views is None or views[0] != pointers:
+            arrays, position = [], 0
+            for tensor, _, count in self.dense:
+                arrays.append((position, count, tensor.detach().reshape(-1).numpy()))
+                position += count
+            views = self._dense_arrays = (pointers, arrays)
+        return views[1]
+
+    def load_dense_from(self, base: torch.Tensor) -> None:
+        """Set the dense parameters from theta's dense part (`theta_dense` order, on their
+        device): a client's reset, without reading the full theta."""
+        position = 0
+        with torch.no_grad():
+            for tensor, _, count in self.dense:
+                tensor.copy_(base[position : position + count].view_as(tensor))
+                position += count
+
     def dense_vector(self) -> np.ndarray:
         with torch.no_grad():
             dense = torch.cat([t.detach().reshape(-1) for t, _, _ in self.dense])
