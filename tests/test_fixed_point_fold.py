@@ -4,6 +4,8 @@ leaves the sum untouched; past 2^53 the sum moves to int64 and stays exact."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -110,6 +112,14 @@ def test_the_reducer_refuses_a_bad_dense_message_and_keeps_its_sum():
     assert np.array_equal(reducer.result()["dense"], to_fixed(good, 2, 0))
 
 
+def _read_all(dense) -> np.ndarray:
+    out, scratch = np.empty(len(dense), dtype=np.float32), np.empty(77, dtype=np.float32)
+    for start in range(0, len(dense), 77):
+        stop = min(len(dense), start + 77)
+        out[start:stop] = dense.read_chunk(start, stop, scratch)
+    return out
+
+
 def test_a_client_dense_delta_is_folded_where_it_lies_and_is_refused_once_stale():
     """A FedAwS client's dense delta (a DenseDelta over the worker model's parameters) folds
     into the same sum as its materialised array, in a different number of chunks; read after
@@ -163,10 +173,17 @@ def test_a_client_dense_delta_is_folded_where_it_lies_and_is_refused_once_stale(
         )
         dense = update.message["dense"]
         assert isinstance(dense, DenseDelta)
-        copied = ClientUpdate(
-            client, update.num_samples, {**update.message, "dense": np.asarray(dense)}
+        copied = ClientUpdate(  # read without materialising it
+            client, update.num_samples, {**update.message, "dense": _read_all(dense)}
         )
         assert np.any(copied.message["dense"] != 0)
+        if client == 30:  # used as an array, it becomes one (the same values)
+            assert np.array_equal(np.negative(dense), -copied.message["dense"])
+            assert np.array_equal(dense * 2, copied.message["dense"] * 2)
+            restored = pickle.loads(pickle.dumps(dense))
+            assert type(restored) is np.ndarray
+            assert restored.tobytes() == copied.message["dense"].tobytes()
+            assert dense.nbytes == restored.nbytes and dense[5] == restored[5]
         assert lazy.add(update, sent) is None
         assert eager.add(copied, sent) is None
         updates.append(update)

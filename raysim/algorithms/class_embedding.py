@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numpy.lib.mixins import NDArrayOperatorsMixin
 from torch import nn
 
 from raysim.config import MAX_LEARNING_RATE
@@ -89,22 +90,25 @@ class ClassRow:
         return self.row.shape
 
 
-class DenseDelta:
+class DenseDelta(NDArrayOperatorsMixin):
     """The dense part of a FedAwS/softmax client's message, read where it lies: the worker
     model's dense parameters minus theta's dense part, float32.
 
     A task's reducer folds it a cache-sized chunk at a time (`read_chunk`: the subtraction,
     the check and the fixed-point conversion of a chunk while it is in cache) instead of
-    materialising the 8 MB difference and reading it again. It is valid while the worker's
-    model still holds this client's parameters, i.e. until the next client of the task starts
-    (the task body folds each message before that); read later it raises instead of giving
-    another client's values. Array-like: np.asarray gives the float32 difference."""
+    materialising the 8 MB difference and reading it again. Anything else that touches it
+    (np.asarray, indexing, item assignment, arithmetic, numpy functions, any ndarray
+    attribute, pickling) first makes it an array of its own, after which it is that array.
+    Unmaterialised it is valid while the worker's model still holds this client's parameters,
+    i.e. until the next client of the task starts (the task body folds each message before
+    that); read later it raises instead of giving another client's values."""
 
     def __init__(self, model, layout: ModelLayout, base: torch.Tensor) -> None:
         self._model, self._layout, self._base = model, layout, base
         self._client = model._fedaws_client  # which client's parameters these are
         self._arrays = layout.dense_arrays()  # numpy views: no torch call per chunk
-        self._base_array = base.numpy() if base.device.type == "cpu" else None
+        self._base_array = base.numpy()
+        self._owned: np.ndarray | None = None  # the materialised difference, once made
         self.shape = (len(base),)
         self.dtype = np.dtype(np.float32)
 
@@ -118,9 +122,17 @@ class DenseDelta:
                 "client (fold or copy a message before the next client trains)"
             )
 
+    def _array(self) -> np.ndarray:
+        if self._owned is None:
+            self._check_current()
+            self._owned = self._layout.dense_delta(self._base)
+        return self._owned
+
     def read_chunk(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        """The difference's entries [start, stop) written into `out` (float32, at least
-        stop - start long); returns that part of `out`."""
+        """The difference's entries [start, stop), float32 (written into `out`, at least
+        stop - start long, unless already materialised)."""
+        if self._owned is not None:
+            return self._owned[start:stop]
         self._check_current()
         part = out[: stop - start]
         base = self._base_array
@@ -135,8 +147,39 @@ class DenseDelta:
         return part
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        self._check_current()
-        return np.asarray(self._layout.dense_delta(self._base), dtype=dtype)
+        return np.asarray(self._array(), dtype=dtype)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        def plain(value):
+            return value._array() if isinstance(value, DenseDelta) else value
+
+        if "out" in kwargs:
+            kwargs["out"] = tuple(plain(value) for value in kwargs["out"])
+        return getattr(ufunc, method)(*(plain(value) for value in inputs), **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        def plain(value):
+            if isinstance(value, DenseDelta):
+                return value._array()
+            if isinstance(value, list | tuple):
+                return type(value)(plain(item) for item in value)
+            return value
+
+        return func(*plain(args), **{key: plain(value) for key, value in kwargs.items()})
+
+    def __getitem__(self, key):
+        return self._array()[key]
+
+    def __setitem__(self, key, value) -> None:
+        self._array()[key] = value
+
+    def __getattr__(self, name: str):  # size, nbytes, copy(), astype(), ... of the array
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._array(), name)
+
+    def __reduce__(self):
+        return (np.array, (self._array(),))
 
     def __wire_nbytes__(self) -> int:
         return 4 * len(self)
