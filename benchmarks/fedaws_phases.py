@@ -1,8 +1,16 @@
-"""FedAwS server phases at Amazon-670K scale: raysim's own code path against a direct floor.
+"""FedAwS round phases at Amazon-670K scale: raysim's own code path against a direct floor.
 
-One FedAwS round on the server (Yu et al., ICML 2020) has four phases. Each is timed through
-the code raysim's server runs, and against a floor that does the same arithmetic written
-directly with torch / faiss / numpy, in the same process, alternated, repeated:
+One FedAwS round (Yu et al., ICML 2020) has a clients phase and four server phases. Each is
+timed through the code raysim runs, and against a floor that does the same work written
+directly with torch / faiss / numpy, in the same run, alternated, repeated:
+
+  clients      the round's sampled clients' local training and the sum of their updates, on
+               --client-workers worker processes (default: one per CPU, one torch thread
+               each, as Ray's client workers). raysim: the client task body
+               (`train_clients`, with FedAwS's exact in-task reduction) on each worker's
+               contiguous share of the clients, the shares' sums added as the server adds
+               tasks' results. Floor: a plain torch loop over the same clients on the same
+               workers (same model, loss and SGD; float32 sum). See fedaws_clients.py.
 
   aggregation  the round's aggregate (theta delta + the clients' class rows) applied: theta
                through the server optimizer (Adam), W's rows written back. raysim: the part of
@@ -27,13 +35,14 @@ slots). The aggregate of each round is synthetic but shaped as the in-task reduc
 it (fixed-point sums): the bag rows the round's clients touch (from their real training rows),
 the dense layers, one returned row per sampled class.
 
-Threads. The floor runs with --threads (default: every CPU this process may use). raysim's
-phases are called with torch and faiss set to --inherited-threads first (default 1: what
-raysim's server actor inherits on Ray, which sets OMP_NUM_THREADS=1 for a num_cpus=0 actor), so
-a phase that does not set its own thread count runs on that many.
+Threads (server phases). The floor runs with --threads (default: every CPU this process may
+use). raysim's phases are called with torch and faiss set to --inherited-threads first
+(default 1: what raysim's server actor inherits on Ray, which sets OMP_NUM_THREADS=1 for a
+num_cpus=0 actor), so a phase that does not set its own thread count runs on that many.
 
-    python benchmarks/fedaws_phases.py                 # scale 1: 670,091 classes (~10 GB)
+    python benchmarks/fedaws_phases.py                 # scale 1: 670,091 classes (~12 GB)
     python benchmarks/fedaws_phases.py --scale 0.05    # quick: 33,505 classes
+    python benchmarks/fedaws_phases.py --phases clients # one phase (or a comma list)
 
 Prints a table (medians over the repetitions of each repetition's raysim / floor ratio) and
 writes benchmarks/results/fedaws_phases.json.
