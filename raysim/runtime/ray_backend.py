@@ -692,13 +692,21 @@ class RayBackend:
         if tasks is None:
             return False
         if server is None:
-            return True
+            return not self._server_cannot_win(tasks)
         faster = server < tasks
         # the slower place is timed again every REPROBE_EVERY rounds (clients grow, the
         # cluster's load changes): it trains until a steady round of it has been measured
         if round_index - self._cost_round[not faster] > self.REPROBE_EVERY:
-            return not faster
+            return faster if not faster and self._server_cannot_win(tasks) else not faster
         return faster
+
+    def _server_cannot_win(self, tasks_per_client: float) -> bool:
+        """Whether timing the server is pointless: it trains a round's clients one after
+        another, so a client costs it at least the compute the client took in a task
+        (`seconds_per_client`); when that alone is as much as a client's share of a task
+        round (the tasks ran in parallel), the server is slower. Probing it anyway cost the
+        heavy LeNet rounds of benchmarks/peers three rounds at 1.7-2x the tasks' time."""
+        return self.seconds_per_client is not None and self.seconds_per_client >= tasks_per_client
 
     def _record_round_time(self, round_index: int) -> None:
         """Time the round before this call (the period between two calls) for its place,
