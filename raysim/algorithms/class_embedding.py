@@ -185,6 +185,13 @@ class DenseDelta(NDArrayOperatorsMixin):
         return 4 * len(self)
 
 
+def forget_payload(model) -> None:
+    """`model` (a worker's cached model) was overwritten with other values: it no longer holds
+    a payload's theta, nor a client's parameters that a DenseDelta may still read."""
+    model._fedaws_token = None
+    model._fedaws_client = getattr(model, "_fedaws_client", 0) + 1
+
+
 def _materialised(message):
     """`message` with a DenseDelta replaced by its array (for checks that read it whole)."""
     if isinstance(message, dict) and isinstance(message.get("dense"), DenseDelta):
@@ -495,7 +502,7 @@ class ClassEmbeddingMethod:
         device = server_device(ctx)  # the server's GPU when it has one
         model = cached_model(ctx, device)
         set_vector(model, state.arrays["params"])
-        model._fedaws_token = None  # the worker cache no longer holds a payload's theta
+        forget_payload(model)
         classes = torch.from_numpy(state.arrays["class_embeddings"]).to(device)
         count = min(len(x), self.eval_max_points)
         tops = []

@@ -37,6 +37,7 @@ from raysim.algorithms.class_embedding import (
     Broadcast,
     ClassEmbeddingMethod,
     ClassRow,
+    forget_payload,
     normalize_rows,
 )
 from raysim.config import MAX_LEARNING_RATE
@@ -120,7 +121,7 @@ def evaluate_class_embeddings(method, state: ServerState, x, y, ctx: RunContext)
     with server_threads():
         model = cached_model(ctx, device)
         set_vector(model, state.arrays["params"])
-        model._fedaws_token = None  # the worker cache no longer holds a payload's theta
+        forget_payload(model)
         weights = state.arrays["class_embeddings"]
         classes = torch.from_numpy(weights)
         count = min(len(x), method.eval_max_points)
