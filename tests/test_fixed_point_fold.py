@@ -137,13 +137,22 @@ def test_a_client_dense_delta_is_folded_where_it_lies_and_is_refused_once_stale(
     config = config_module.from_dict(
         {
             "run": {"seed": 2},
-            "data": {"name": "synthetic_xml", "num_labels": 40, "num_features": 200,
-                     "num_train": 600, "num_test": 50},  # fmt: skip
+            "data": {
+                "name": "synthetic_xml",
+                "num_labels": 40,
+                "num_features": 200,
+                "num_train": 600,
+                "num_test": 50,
+            },  # fmt: skip
             "partition": {"name": "one_class", "num_clients": 40},
             "clients": {"per_round": 4, "local_epochs": 2, "batch_size": 4, "lr": 1.0},
             # a dense part of several chunks, split unevenly over the tensors
-            "model": {"name": "xml_embedding_bag", "bag_dim": 16, "hidden": [400],
-                      "embedding_dim": 200},  # fmt: skip
+            "model": {
+                "name": "xml_embedding_bag",
+                "bag_dim": 16,
+                "hidden": [400],
+                "embedding_dim": 200,
+            },  # fmt: skip
             "algorithm": {"name": "fedaws", "k": 3},
             "runtime": {"backend": "local"},
         }

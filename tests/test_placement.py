@@ -45,8 +45,11 @@ def test_rounds_that_start_workers_or_need_tasks_never_train_in_the_server():
     backend = _backend(tasks=0.001, server=0.0001, compute=0.0)
     backend.ctx = SimpleNamespace(
         config=config_module.from_dict(
-            {"data": {"name": "digits"}, "clients": {"per_task": "auto"},
-             "run": {"round_deadline_s": 5.0}}  # fmt: skip
+            {
+                "data": {"name": "digits"},
+                "clients": {"per_task": "auto"},
+                "run": {"round_deadline_s": 5.0},
+            }  # fmt: skip
         )
     )
     assert backend._place(11) is False

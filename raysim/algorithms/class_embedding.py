@@ -39,6 +39,7 @@ from raysim.core.fixed_point import (
     add_fixed_in_place,
     checked_add,
     concat_rows,
+    fixed_bound,
     fold_scratch,
     sum_rows_by_id,
     to_fixed_known_peak,
@@ -189,6 +190,11 @@ def forget_payload(model) -> None:
     """`model` (a worker's cached model) was overwritten with other values: it no longer holds
     a payload's theta, nor a client's parameters that a DenseDelta may still read."""
     model._fedaws_token = None
+    _next_client(model)
+
+
+def _next_client(model) -> None:
+    """The model's parameters now belong to someone else (`DenseDelta` checks this count)."""
     model._fedaws_client = getattr(model, "_fedaws_client", 0) + 1
 
 
@@ -204,10 +210,7 @@ def peak_magnitude(value: np.ndarray) -> float:
     its max and min: no temporary array of |value|."""
     if not value.size:
         return 0.0
-    if value.size >= 1 << 16 and value.flags.writeable:  # one pass instead of two
-        low, high = (float(end) for end in torch.aminmax(torch.from_numpy(value).reshape(-1)))
-    else:
-        high, low = float(value.max()), float(value.min())
+    high, low = float(value.max()), float(value.min())
     if math.isnan(high) or math.isnan(low):
         return math.nan
     return max(high, -low)
@@ -247,7 +250,7 @@ def _message_problem(
     """`check_message`, filling `peaks` with each float array's largest magnitude (one pass
     over each array for every check, and none more for its fixed-point conversion). The
     values of the arrays named in `deferred` are left to the caller to check (finite, in
-    range), which then reports their problems with DENSE_PROBLEMS' words."""
+    range; refused with `_not_finite` / `_too_large`'s words)."""
     if not isinstance(message, dict):
         return f"message must be a dict, got {type(message).__name__}"
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -352,8 +355,7 @@ class ClassEmbeddingMethod:
             model._fedaws_token = broadcast.token
         else:
             layout.load_dense_from(model._fedaws_dense)
-        # A new client on this model: earlier clients' DenseDelta messages are no longer valid.
-        model._fedaws_client = getattr(model, "_fedaws_client", 0) + 1
+        _next_client(model)  # earlier clients' DenseDelta messages are no longer valid
         return model, layout
 
     def _client_setup(self, ctx: RunContext, broadcast: Broadcast, x: torch.Tensor, y):
@@ -588,24 +590,20 @@ class _Reducer:
             dense, bounds["dense"] = checked_add(
                 self.dense.astype(np.int64, copy=False),
                 bounds["dense"],
-                to_fixed_known_peak(values, weight, peaks["dense"])[0].astype(np.int64),
-                math.ceil(peaks["dense"] * (weight * FIXED_SCALE)),
+                *to_fixed_known_peak(values, weight, peaks["dense"]),
                 "'dense'",
             )
         bag = row = classes = None
         if "bag_ids" in message:
             bag, bag_bound = to_fixed_known_peak(message["bag_rows"], weight, peaks["bag_rows"])
-            bag = bag.astype(np.int64)
             bounds["bag_rows"] += bag_bound
         if message.get("row") is not None:
             row, row_bound = to_fixed_known_peak(message["row"][None, :], 1, peaks["row"])
-            row = row.astype(np.int64)
             bounds["class_rows"] += row_bound
         if message.get("classes") is not None:
             classes, classes_bound = to_fixed_known_peak(
                 message["classes"], weight, peaks["classes"]
             )
-            classes = classes.astype(np.int64)
             if self.classes_dense is not None:
                 classes, classes_bound = checked_add(
                     self.classes_dense, bounds["classes_dense"], classes, classes_bound, "'classes'"
@@ -619,8 +617,7 @@ class _Reducer:
                 return _not_finite("dense")
             if peak * weight * FIXED_SCALE >= FIXED_LIMIT:
                 return _too_large("dense")
-            # (peak x scale is exact: 24-bit x 29-bit significands, as in to_fixed_bounded)
-            bounds["dense"] += math.ceil(peak * (weight * FIXED_SCALE))
+            bounds["dense"] += fixed_bound(peak, weight)
         else:
             self.dense = dense
         self.weight += weight

@@ -65,17 +65,17 @@ def to_fixed_bounded(values: np.ndarray, weight: int, client_id: int) -> tuple[n
 EXACT_FLOAT64 = 2**53
 
 
+def fixed_bound(peak: float, weight: int) -> int:
+    """An upper bound of |round(v x weight x 2^32)| for |v| <= peak (the bound
+    `to_fixed_bounded` returns): peak x weight x 2^32 is exact (24-bit x 29-bit significands)."""
+    return math.ceil(float(peak) * (float(weight) * FIXED_SCALE))
+
+
 def to_fixed_known_peak(values: np.ndarray, weight: int, peak: float) -> tuple[np.ndarray, int]:
-    """round(values * weight * 2^32) as float64 integers (exact: float32 x integer fits float64)
-    and an upper bound of their magnitude, for `values` whose largest magnitude `peak` has been
-    checked already (finite, peak x weight x 2^32 below FIXED_LIMIT). The same numbers as
-    `to_fixed_bounded`, in two passes (one scaled copy, rounded in place) and without the int64
-    conversion a caller summing in float64 (below EXACT_FLOAT64) does not need."""
-    scale = float(weight) * FIXED_SCALE
-    scaled = np.multiply(values, scale, dtype=np.float64)
-    np.rint(scaled, out=scaled)
-    # peak x scale is exact (24-bit x 29-bit significands): the bound to_fixed_bounded computes
-    return scaled, math.ceil(float(peak) * scale)
+    """`to_fixed_bounded` for `values` whose largest magnitude `peak` has been checked already
+    (finite, peak x weight x 2^32 below FIXED_LIMIT): the same numbers without another pass
+    for the peak or the range check."""
+    return _scaled(values, float(weight) * FIXED_SCALE).astype(np.int64), fixed_bound(peak, weight)
 
 
 FOLD_SCRATCH = 1 << 15  # elements scaled and rounded at a time: the scratch stays in cache
@@ -127,10 +127,14 @@ def _chunks(values, scratch, stop: int | None = None):
         yield start, (flat[start:end] if read is None else read(start, end, scratch[0]))
 
 
-def _scaled(chunk: np.ndarray, scale: float, scratch) -> np.ndarray:
-    """round(chunk x scale) in float64, in the scratch array."""
-    part = scratch[1][: len(chunk)]
-    part[:] = chunk  # (a plain conversion, then a float64 multiply: both vectorised,
+def _scaled(values: np.ndarray, scale: float, scratch=None) -> np.ndarray:
+    """round(values x scale) in float64 (exact: float32 x integer fits float64), in
+    scratch[1] when given, else in a new array."""
+    if scratch is None:
+        part = np.empty(values.shape, dtype=np.float64)
+    else:
+        part = scratch[1][: len(values)]
+    part[...] = values  # (a plain conversion, then a float64 multiply: both vectorised,
     part *= scale  # faster than one multiply that converts on the fly)
     np.rint(part, out=part)
     return part

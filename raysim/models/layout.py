@@ -74,17 +74,6 @@ class ModelLayout:
                 tensor.copy_(base[position : position + count].view_as(tensor))
                 position += count
 
-    def dense_vector(self) -> np.ndarray:
-        with torch.no_grad():
-            dense = torch.cat([t.detach().reshape(-1) for t, _, _ in self.dense])
-            return dense.cpu().numpy().copy()  # .cpu(): no-op on the CPU, one copy from a GPU
-
-    def load_dense(self, theta: np.ndarray) -> None:
-        source = torch.from_numpy(np.asarray(theta, dtype=np.float32))
-        with torch.no_grad():
-            for tensor, offset, count in self.dense:
-                tensor.copy_(source[offset : offset + count].view_as(tensor))
-
     def theta_dense(self, theta: np.ndarray) -> np.ndarray:
         return theta if self.bag is None else theta[self.dense_index]
 

@@ -290,7 +290,7 @@ def _train_with_bundle(
     return updates, time.perf_counter() - started
 
 
-# The most a round's deadline is extended while the first round starts the client workers.
+# The most a round's deadline is extended while that round starts client workers.
 WORKER_START_ALLOWANCE_S = 60.0
 
 
