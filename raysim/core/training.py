@@ -16,6 +16,7 @@ This module imports nothing from raysim.algorithms.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 
@@ -111,6 +112,32 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Set every parameter group's learning rate to `lr` (for a `before_step` hook)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+LR_SCHEDULES = ("constant", "cosine_steps", "cosine_epochs")
+
+
+def scheduled_lr(
+    schedule: str, base_lr: float, step: int, *, steps_per_epoch: int, epochs: int
+) -> float:
+    """The learning rate of local step `step` (0-based, counted over the whole round).
+
+    - `constant`: `base_lr` at every step.
+    - `cosine_steps`: cosine annealing over the round's steps, base_lr at step 0 towards 0
+      at the last (FRL's default here).
+    - `cosine_epochs`: torch's CosineAnnealingLR(T_max=epochs) stepped once per epoch, as the
+      FRL reference code does: epoch e trains at base_lr * (1 + cos(pi * e / epochs)) / 2
+      (E = 2: base_lr, then base_lr / 2).
+    """
+    if schedule == "constant":
+        return base_lr
+    if schedule == "cosine_steps":
+        total_steps = max(1, steps_per_epoch * epochs)
+        return base_lr * 0.5 * (1.0 + math.cos(math.pi * step / total_steps))
+    if schedule == "cosine_epochs":
+        epoch = step // max(1, steps_per_epoch)
+        return base_lr * 0.5 * (1.0 + math.cos(math.pi * epoch / max(1, epochs)))
+    raise ValueError(f"unknown lr schedule {schedule!r}; choices: {', '.join(LR_SCHEDULES)}")
 
 
 def local_training(
