@@ -84,21 +84,35 @@ def mlp(
     return _initialise(nn.Sequential(*layers), init)
 
 
-def lenet(input_shape: Sequence[int], num_classes: int, *, init: str = "default") -> nn.Module:
+def lenet(
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    init: str = "default",
+    padding: int = 0,
+    bias: bool = True,
+) -> nn.Module:
+    """Two 3x3 convs (32, 64), one 2x2 max-pool, fc 128, fc classes.
+
+    The FRL reference code's LeNet pads its convs (`padding: 1`: fc 12544-128-10 on 28x28)
+    and has no biases (`bias: false`); the defaults keep raysim's unpadded, biased LeNet
+    (fc 9216-128-10), whose results the README reports."""
+    if padding not in (0, 1):
+        raise ValueError(f"'model.padding' must be 0 or 1, got {padding!r}")
     channels, _, _ = _image_shape(input_shape, "lenet")
     features = nn.Sequential(
-        nn.Conv2d(channels, 32, 3),
+        nn.Conv2d(channels, 32, 3, padding=padding, bias=bias),
         nn.ReLU(),
-        nn.Conv2d(32, 64, 3),
+        nn.Conv2d(32, 64, 3, padding=padding, bias=bias),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
     )
     model = nn.Sequential(
         features,
-        nn.Linear(_flat_size(features, input_shape), 128),
+        nn.Linear(_flat_size(features, input_shape), 128, bias=bias),
         nn.ReLU(),
-        nn.Linear(128, num_classes),
+        nn.Linear(128, num_classes, bias=bias),
     )
     return _initialise(model, init)
 

@@ -183,13 +183,17 @@ def _mlp(input_shape, num_classes, layer_options, *, hidden: Sequence[int] = (12
     return nn.Sequential(*layers)
 
 
-def _lenet(input_shape, num_classes, layer_options):
+def _lenet(input_shape, num_classes, layer_options, *, padding: int = 0):
+    """`padding: 1` is the FRL reference code's LeNet (fc 12544-128-10 on 28x28)."""
+    if padding not in (0, 1):
+        raise ConfigError(f"'model.padding' must be 0 or 1, got {padding!r}")
     channels, height, width = _image_shape(input_shape, "lenet")
-    flat = 64 * ((height - 4) // 2) * ((width - 4) // 2)  # two unpadded 3x3 convs, one pool
+    shrink = 4 - 4 * padding  # two 3x3 convs, each padded by `padding`, then one 2x2 pool
+    flat = 64 * ((height - shrink) // 2) * ((width - shrink) // 2)
     return nn.Sequential(
-        SupermaskConv2d(channels, 32, 3, **layer_options),
+        SupermaskConv2d(channels, 32, 3, padding=padding, **layer_options),
         nn.ReLU(),
-        SupermaskConv2d(32, 64, 3, **layer_options),
+        SupermaskConv2d(32, 64, 3, padding=padding, **layer_options),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
@@ -253,7 +257,7 @@ def build_supernet(
             "'model.init' does not apply to supermask models (their weights are never trained); "
             "set 'algorithm.weight_init' instead"
         )
-    allowed = {"mlp": {"hidden"}}.get(name, set())
+    allowed = {"mlp": {"hidden"}, "lenet": {"padding"}}.get(name, set())
     unknown = sorted(set(model_options) - allowed)
     if unknown:
         raise ConfigError(
@@ -263,7 +267,7 @@ def build_supernet(
     if name == "mlp":
         model = _mlp(input_shape, num_classes, layer_options, **model_options)
     elif name == "lenet":
-        model = _lenet(input_shape, num_classes, layer_options)
+        model = _lenet(input_shape, num_classes, layer_options, **model_options)
     else:
         model = _conv_net(
             input_shape, num_classes, layer_options, widths=_CONV_WIDTHS[name], name=name
