@@ -289,9 +289,14 @@ def _print_done(result, out: str) -> None:
     )
     print(
         f"done: {result.summary['rounds']} rounds in {result.summary['wall_s']:.1f} s; "
-        f"final {final}; outputs in {out}"
+        f"final {final}{best}; outputs in {out}"
     )
 
 
 if __name__ == "__main__":
     sys.exit(main())
+    best = ""
+    for name, entry in (result.summary.get("best") or {}).items():
+        if name != "loss":  # the first quality metric (accuracy, mAP, P@1, ...)
+            best = f"; best {name}={entry['value']:.4f} (round {entry['round']})"
+            break

@@ -328,12 +328,18 @@ def _report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str, Any
         + f"; test metrics, mean ± std (ddof 1) and per seed; ratio = {primary} / "
         f"{comparison.reference}'s {primary}, per seed.",
     ]
+    edges = []
     for name, result in results.items():
+        method = next(m for m in comparison.methods if m.name == name)
+        space = {d.key: {d.kind: list(d.values)} for d in method.spec.space}
+        found = edge_findings(space, result["best_params"])
         methods[name] = {
             "best_params": result["best_params"],
             "best_validation": result["best_validation"],
             "trials": result["trials"],
+            "winner_on_edge": found,
         }
+        edges += [f"- {name}: {line}" for line in found]
     for scenario in comparison.scenarios:
         reference_runs = results[comparison.reference]["runs"][scenario]
         reference = [reference_runs[s]["final"].get(primary) for s in seeds]
@@ -343,8 +349,9 @@ def _report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str, Any
             "",
             "| method | "
             + " | ".join(comparison.report)
-            + f" | {primary} per seed | ratio | {comparison.metric} (tuning) | best params |",
-            "| --- |" + " --- |" * (len(comparison.report) + 4),
+            + f" | best-so-far {primary} | {primary} per seed | ratio | {comparison.metric} "
+            "(tuning) | best params |",
+            "| --- |" + " --- |" * (len(comparison.report) + 5),
         ]
         for name, result in results.items():
             runs = result["runs"][scenario]
@@ -358,6 +365,11 @@ def _report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str, Any
                     )
                 mean, std = _mean_std(values)
                 entry["metrics"][metric] = {"mean": mean, "std": std, "per_seed": values}
+            best_values = [((runs[s].get("best") or {}).get(primary) or {}).get("value")
+                           for s in seeds]  # fmt: skip
+            if all(v is not None for v in best_values):
+                mean, std = _mean_std(best_values)
+                entry["best_so_far"] = {"mean": mean, "std": std, "per_seed": best_values}
             values = [runs[s]["final"][primary] for s in seeds]
             ratios = [v / r if r else math.nan for v, r in zip(values, reference, strict=True)]
             mean, std = _mean_std(ratios)
@@ -373,10 +385,19 @@ def _report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str, Any
             per_seed = " / ".join(f"{v:.4f}" for v in entry["metrics"][primary]["per_seed"])
             ratio = f"{entry['ratio']['mean']:.3f} ± {entry['ratio']['std']:.3f}"
             params = ", ".join(f"{k}={_short(v)}" for k, v in result["best_params"].items())
+            best = entry.get("best_so_far")
+            best_cell = "n/a" if best is None else f"{best['mean']:.4f} ± {best['std']:.4f}"
             lines.append(
-                f"| {name} | {' | '.join(cells)} | {per_seed} | {ratio} | "
+                f"| {name} | {' | '.join(cells)} | {best_cell} | {per_seed} | {ratio} | "
                 f"{result['best_validation']:.4f} | {params} |"
             )
+    lines += [
+        "",
+        f"Metric columns are the final round's; best-so-far {primary} is the best of any "
+        "evaluated round (the FRL reference code's printed metric).",
+    ]
+    if edges:
+        lines += ["", "Winners on an edge of their search space (widen the space):", *edges]
     report = {
         "spec": comparison.source,
         "metric": comparison.metric,
@@ -389,6 +410,44 @@ def _report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str, Any
     if None not in comparison.scenarios:
         report["scenarios"] = {k: list(v) for k, v in comparison.scenarios.items()}
     return report
+
+
+# A winner within this share of its range (in the space's own scale: log for loguniform) of
+# an edge is flagged: the optimum may lie outside the space, so the space was too small.
+EDGE_SHARE = 0.1
+
+
+def edge_findings(space: Mapping[str, Any], best_params: Mapping[str, Any]) -> list[str]:
+    """One line per tuned hyperparameter whose winning value sits on an edge of its space:
+    near the low or high end of a uniform / loguniform / randint range, or the lowest or
+    highest of three or more numeric choices (two choices have no inside)."""
+    findings = []
+    for key, domain in space.items():
+        if key not in best_params or not isinstance(domain, Mapping) or len(domain) != 1:
+            continue
+        (kind, values), value = next(iter(domain.items())), best_params[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if kind in ("uniform", "loguniform", "randint"):
+            low, high = float(values[0]), float(values[1])
+            if kind == "randint":
+                high -= 1  # randint's high is excluded
+            if kind == "loguniform":
+                low, high, point = math.log(low), math.log(high), math.log(value)
+            else:
+                point = float(value)
+            if high <= low:
+                continue
+            share = (point - low) / (high - low)
+            if share <= EDGE_SHARE or share >= 1 - EDGE_SHARE:
+                side = "low" if share <= EDGE_SHARE else "high"
+                findings.append(f"{key}={_short(value)} at the {side} edge of {kind} {values}")
+        elif kind == "choice":
+            numeric = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            if len(numeric) == len(values) >= 3 and value in (min(numeric), max(numeric)):
+                side = "lowest" if value == min(numeric) else "highest"
+                findings.append(f"{key}={_short(value)} is the {side} of choice {values}")
+    return findings
 
 
 def _short(value: Any) -> str:

@@ -6,6 +6,10 @@ weighted by sample count, `aggregator: weighted_mean`; or uniform, `aggregator: 
 server optimizer applies the result: x_{t+1} = x_t + lr_s * Delta (FedAvg: SGD with lr_s = 1;
 FedAvgM / FedAdagrad / FedAdam via `server.optimizer`, Reddi et al. 2021).
 FedProx adds the proximal term (mu / 2) ||x - x_t||^2 to every client's local loss.
+
+The FRL reference code trains its baselines with lr * lr_decay^t in round t, cosine-annealed
+over the local epochs (`lr_decay: 0.999`, `lr_schedule: cosine_epochs`); the defaults (1.0,
+`constant`) are plain FedAvg's constant learning rate.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from torch import nn
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
-from raysim.core.training import fresh_sgd, local_training
+from raysim.core.training import LR_SCHEDULES, fresh_sgd, local_training, scheduled_lr
 from raysim.metrics import evaluate_classifier
 from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
 from raysim.runtime.devices import autocast, client_device, server_device
@@ -36,21 +40,39 @@ class DeltaAveraging:
     default_codec = "dense"
     update_delta_of = "params"  # updates are deltas of this array (their size is bounded)
 
-    def __init__(self, proximal_mu: float, mixed_precision: bool = False) -> None:
-        if proximal_mu < 0:
-            from raysim.errors import ConfigError
+    def __init__(
+        self,
+        proximal_mu: float,
+        mixed_precision: bool = False,
+        lr_decay: float = 1.0,
+        lr_schedule: str = "constant",
+    ) -> None:
+        from raysim.errors import ConfigError
 
+        if proximal_mu < 0:
             raise ConfigError(f"'algorithm.mu' must be >= 0, got {proximal_mu}")
+        if not 0 < lr_decay <= 1:
+            raise ConfigError(f"'algorithm.lr_decay' must be in (0, 1], got {lr_decay}")
+        if lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(
+                f"'algorithm.lr_schedule' must be one of {', '.join(LR_SCHEDULES)}, "
+                f"got {lr_schedule!r}"
+            )
         self.proximal_mu = float(proximal_mu)
         self.mixed_precision = bool(mixed_precision)
+        self.lr_decay = float(lr_decay)
+        self.lr_schedule = lr_schedule
 
     def init_server(self, ctx: RunContext) -> ServerState:
         params = get_vector(build_model(ctx))
         slots = server_optimizers.from_config(ctx.config).init(params)
         return ServerState(0, {"params": params, **server_optimizers.slot_arrays(slots)})
 
-    def server_payload(self, state: ServerState) -> np.ndarray:
-        return state.arrays["params"]
+    def server_payload(self, state: ServerState) -> np.ndarray | dict:
+        if self.lr_decay == 1.0:
+            return state.arrays["params"]
+        # A decaying learning rate needs the round on the client (one int64 more down).
+        return {"params": state.arrays["params"], "round": np.array([state.round], np.int64)}
 
     def client_update(
         self,
@@ -61,6 +83,10 @@ class DeltaAveraging:
         generator: torch.Generator,
         ctx: RunContext,
     ) -> ClientUpdate:
+        round_lr = None
+        if isinstance(payload, dict):  # lr_decay < 1: the round rides along (server_payload)
+            round_lr = ctx.config.clients.lr * self.lr_decay ** int(payload["round"][0])
+            payload = payload["params"]
         # The task's GPU when clients.num_gpus reserved one, else the CPU (devices.py).
         device = client_device(ctx)
         model = cached_model(ctx, device)
@@ -70,7 +96,10 @@ class DeltaAveraging:
         loss = float("nan")
         if len(y):
             x, y = x.to(device), y.to(device)
-            loss = self.train_locally(model, x, y, generator, ctx)
+            if round_lr is None:  # the call every train_locally override already takes
+                loss = self.train_locally(model, x, y, generator, ctx)
+            else:
+                loss = self.train_locally(model, x, y, generator, ctx, lr=round_lr)
         trained = get_vector(model)
         self.client_finished(client_id, trained, ctx)
         # The task encodes the delta with the run's codec (raysim.core.codecs).
@@ -98,18 +127,43 @@ class DeltaAveraging:
         return model_layout(ctx)
 
     def train_locally(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator, ctx: RunContext
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator,
+        ctx: RunContext,
+        lr: float | None = None,
     ) -> float:
         """E epochs of minibatch SGD (cross-entropy, + FedProx's proximal term) on one client's
         data (raysim.core.training); returns the mean training loss.
+
+        `lr`: this round's base learning rate (clients.lr when None), scheduled within the
+        round by `lr_schedule`. The optimizer is new every round (fresh momentum), as in the
+        FRL reference code, which rebuilds it for every client.
 
         The model and the data may live on a GPU (the batch order is drawn on the CPU either
         way); `mixed_precision` runs the forward pass and the loss under bfloat16 autocast.
         """
         clients = ctx.config.clients
+        base_lr = clients.lr if lr is None else lr
         optimizer = fresh_sgd(
-            model, lr=clients.lr, momentum=clients.momentum, weight_decay=clients.weight_decay
+            model, lr=base_lr, momentum=clients.momentum, weight_decay=clients.weight_decay
         )
+        before_step = None
+        if self.lr_schedule != "constant":
+            steps_per_epoch = -(-len(y) // clients.batch_size)
+
+            def before_step(step: int) -> None:
+                rate = scheduled_lr(
+                    self.lr_schedule,
+                    base_lr,
+                    step,
+                    steps_per_epoch=steps_per_epoch,
+                    epochs=clients.local_epochs,
+                )
+                for group in optimizer.param_groups:
+                    group["lr"] = rate
 
         def loss_fn(batch: torch.Tensor) -> torch.Tensor:
             with autocast(x.device, self.mixed_precision):
@@ -123,6 +177,7 @@ class DeltaAveraging:
             loss_fn=loss_fn,
             optimizer=optimizer,
             proximal_mu=self.proximal_mu,
+            before_step=before_step,
             device=x.device,
         )
 
@@ -151,12 +206,21 @@ class FedAvg(DeltaAveraging):
     `mixed_precision: true`: clients train under bfloat16 autocast (for heavy models on
     GPUs; weights, optimizer and deltas stay float32)."""
 
-    def __init__(self, *, mixed_precision: bool = False) -> None:
-        super().__init__(proximal_mu=0.0, mixed_precision=mixed_precision)
+    def __init__(
+        self, *, mixed_precision: bool = False, lr_decay: float = 1.0, lr_schedule: str = "constant"
+    ) -> None:
+        super().__init__(0.0, mixed_precision, lr_decay, lr_schedule)
 
 
 class FedProx(DeltaAveraging):
     """FedProx: FedAvg with the proximal term (mu / 2) ||x - x_t||^2 in every local loss."""
 
-    def __init__(self, *, mu: float = 0.01, mixed_precision: bool = False) -> None:
-        super().__init__(proximal_mu=mu, mixed_precision=mixed_precision)
+    def __init__(
+        self,
+        *,
+        mu: float = 0.01,
+        mixed_precision: bool = False,
+        lr_decay: float = 1.0,
+        lr_schedule: str = "constant",
+    ) -> None:
+        super().__init__(mu, mixed_precision, lr_decay, lr_schedule)

@@ -28,6 +28,7 @@ from raysim import interrupts, registry
 from raysim.config import Config
 from raysim.core.algorithm import RunContext
 from raysim.core.backend import check_backend
+from raysim.core.best_so_far import BestSoFar
 from raysim.core.faults import ServerLost
 from raysim.core.sampling import (
     attacker_pool,
@@ -346,7 +347,10 @@ def run(
         client_ids = sample_clients(
             seed,
             round_index,
+    best_eval, best_val = BestSoFar(), BestSoFar()  # the best so far of each metric
             split.num_clients,
+        best_eval.add(record.get("round", 0), record.get("eval") or {})
+        best_val.add(record.get("round", 0), record.get("val") or {})
             config.clients.per_round,
             malicious_below,
             config.attack.redraw_majority,
@@ -479,9 +483,11 @@ def run(
             if on_round is not None:
                 on_round(record)
             every = config.run.checkpoint_every
+                best_eval.add(round_index + 1, stats.eval)
             if last or (every and (round_index + 1) % every == 0):
                 outputs.save_checkpoint(with_server(backend.get_state, round_index + 1), data_shape)
             idle = idle + [record] if not stats.model_updated else []
+                best_val.add(round_index + 1, stats.val)
             if config.run.max_idle_rounds and len(idle) >= config.run.max_idle_rounds:
                 raise RaysimError(_idle_reason(idle, config.run.max_idle_rounds))
             if kill_after == round_index + 1:
@@ -506,6 +512,10 @@ def run(
             "clients_done": totals["clients_done"],
             "clients_failed": totals["clients_failed"],
             "clients_rejected": totals["clients_rejected"],
+            # per metric, the best value of any evaluated round and that round (the FRL
+            # reference code's printed metric is the best test accuracy so far)
+            "best": best_eval.summary(),
+            "best_val": best_val.summary(),
             "clients_dropped": totals["clients_dropped"],
             "clients_late": totals["clients_late"],
             "task_retries": totals["task_retries"],

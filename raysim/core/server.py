@@ -318,6 +318,11 @@ class Server:
             return
         # What the attacker knows: the benign updates of its sampled clients and of its pool.
         honest = [c.update for c in self._malicious] + self._attacker_knowledge
+        base_name = getattr(self.algorithm, "update_delta_of", None)
+        if base_name is not None:
+            base = self.state.arrays[base_name].view()
+            base.flags.writeable = False  # the attack reads the model, never changes it
+            info = dataclasses.replace(info, delta_base=base)
         crafted = self.attack.craft(honest, info, self.aggregator, self.algorithm, self.ctx)
         if len(crafted) != info.num_malicious:
             raise RuntimeError(

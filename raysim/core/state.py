@@ -96,6 +96,10 @@ class RoundInfo:
     # learn what benign updates look like (FRL's code: 25 a round). Their updates reach only
     # the attack's `craft`: never the aggregate, the byte counts or the client counts.
     attacker_pool: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # What an attack's `craft` sees beside the updates: the state array the round's updates
+    # are deltas of (the global model the clients received; `update_delta_of`), read-only.
+    # Set only on the copy handed to `craft` (None elsewhere, so it never travels to tasks).
+    delta_base: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_clients(self) -> int:
