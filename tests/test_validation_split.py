@@ -75,9 +75,29 @@ def test_file_datasets_hold_validation_out_of_training_and_test(dataset_folders,
     _check_carved(source, carved, 0.3, 7)
 
 
+@pytest.mark.parametrize("name", ["fashion_mnist", "mnist_5k", "yeast"])
+def test_offline_datasets_hold_validation_out_of_training_and_test(tmp_path, name):
+    """raysim.data.offline's datasets, from tiny files in their formats
+    (tests/test_offline_datasets.py writes them)."""
+    from test_offline_datasets import write_fashion_mnist, write_mnist_5k, write_yeast
+
+    options = {}
+    if name == "fashion_mnist":
+        write_fashion_mnist(tmp_path)
+    elif name == "mnist_5k":
+        write_mnist_5k(tmp_path / "mnist_5k.csv.gz")
+    else:
+        write_yeast(tmp_path / "yeast.csv.gz")
+        options = {"num_test": 4}
+    source = registry.datasets.build(name, str(tmp_path), 0, **options)
+    carved = carve_validation(source, 0.3, seed=7)
+    _check_carved(source, carved, 0.3, 7)
+
+
 def test_every_registered_dataset_is_covered():
     file_names = {"mnist", "cifar10", "cifar100", "femnist", "arff", "coco"}
     file_names |= {"extreme_classification", "xc_multilabel"}
+    file_names |= {"fashion_mnist", "mnist_5k", "yeast"}  # the offline test above
     assert set(registry.datasets.names()) <= set(EMBEDDED) | file_names
 
 
