@@ -224,8 +224,11 @@ datasets.register("synthetic_xml", "raysim.data.synthetic_xml:load_synthetic_xml
 for _name in ("iid", "dirichlet", "shards", "one_class", "natural", "kmodes", "random"):
     partitioners.register(_name, f"raysim.data.partition:{_name}")
 for _name in ("mlp", "lenet", "conv2", "conv4", "conv6", "conv8"):
+# Real data from package managers (Debian, PyPI wheels): raysim.data.offline
+for _name in ("fashion_mnist", "mnist_5k", "yeast"):
+    datasets.register(_name, f"raysim.data.offline:load_{_name}")
     models.register(_name, f"raysim.models.classic:{_name}")
-for _name in ("xml_embedding_bag", "resnet8", "resnet32", "resnet56"):
+for _name in ("xml_embedding_bag", "resnet8", "resnet32", "resnet56", "mlp_embedding"):
     models.register(_name, f"raysim.models.embedding:{_name}")
 algorithms.register("fedavg", "raysim.algorithms.fedavg:FedAvg")
 algorithms.register("fedprox", "raysim.algorithms.fedavg:FedProx")

@@ -280,3 +280,44 @@ def resnet56(
 ) -> CifarResNet:
     """ResNet-56 (9 blocks per stage, 0.85M parameters)."""
     return _resnet(56, input_shape, num_classes, num_features, embedding_dim, norm)
+
+
+class MLPEmbedding(nn.Module):
+    """Flattened input -> hidden layers (ReLU) -> embedding_dim -> L2 normalisation: a cheap
+    FedAwS network for small images or dense features, where a ResNet costs more than the
+    study can afford (Fashion-MNIST on CPUs)."""
+
+    def __init__(self, in_features: int, hidden: Sequence[int], embedding_dim: int) -> None:
+        super().__init__()
+        self.embedding_dim = embedding_dim
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = in_features
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            width = size
+        layers.append(nn.Linear(width, embedding_dim))
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(self.body(x), dim=-1)
+
+
+def mlp_embedding(
+    input_shape: Sequence[int],
+    num_classes: int,
+    num_features: int | None = None,
+    *,
+    hidden: Sequence[int] = (256,),
+    embedding_dim: int = 64,
+) -> MLPEmbedding:
+    """MLP embedding for FedAwS (flattened dense inputs; hidden 256, embedding 64)."""
+    del num_classes  # the class embeddings are the algorithm's state, not the module's
+    if num_features is not None:
+        raise ValueError(
+            "model 'mlp_embedding' needs dense inputs, but the dataset gives sparse feature ids; "
+            "use 'xml_embedding_bag'"
+        )
+    hidden = [_positive("hidden", size) for size in hidden]
+    return MLPEmbedding(
+        int(np.prod(input_shape)), hidden, _positive("embedding_dim", embedding_dim)
+    )
