@@ -6,7 +6,7 @@ print(result.summary["final"])
 record = raysim.load_run("runs/example")   # config, metrics, summary, state, .model()
 
 Your own algorithm, aggregator, codec, model, dataset or partitioner: name it in a config as
-`package.module:attr` (docs/EXTENDING.md).
+`package.module:attr`, declared with `@raysim.plugin("algorithm")` (docs/EXTENDING.md).
 """
 
 from raysim.api import RunRecord, load_run, run
@@ -14,6 +14,7 @@ from raysim.config import Config
 from raysim.config import load as load_config
 from raysim.core.loop import RunResult, resume
 from raysim.errors import ConfigError, DataError, RaysimError
+from raysim.plugins import plugin
 
 __version__ = "0.1.0"
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "RunResult",
     "load_config",
     "load_run",
+    "plugin",
     "resume",
     "run",
 ]

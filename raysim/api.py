@@ -134,14 +134,17 @@ class RunRecord:
 
 def load_run(out_dir: str | Path) -> RunRecord:
     """Read a run folder written by `run` (finished or stopped): config.yaml, metrics.jsonl,
-    summary.json (if finished) and the newest readable checkpoint."""
+    summary.json (if finished) and the newest readable checkpoint. No plug-in the config names
+    is imported or run to read them (`.model()` and `.algorithm()` build the config's own)."""
     from raysim import config as config_module
     from raysim.outputs import checkpoint_paths, load_checkpoint
 
     out_dir = Path(out_dir)
     if not (out_dir / "config.yaml").is_file():
         raise RaysimError(f"{out_dir} is not a raysim run folder (no config.yaml)")
-    config = config_module.load(out_dir / "config.yaml")
+    # Read with plug-ins unresolved: a run folder may come from anyone, and reading its records
+    # must not import, let alone call, what its config names (raysim.plugins).
+    config = config_module.load(out_dir / "config.yaml", resolve_plugins=False)
     metrics = []
     if (out_dir / "metrics.jsonl").exists():
         for number, line in enumerate((out_dir / "metrics.jsonl").read_text().splitlines(), 1):

@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
         help="continue the stopped run in DIR from its newest usable checkpoint "
         "(--set run.rounds=N extends it)",
     )
+    run.add_argument(
+        "--trust-plugins",
+        action="store_true",
+        help="with --resume: allow the plug-ins DIR's config names by import path "
+        "(module:attr) to be imported and run; a received run folder is someone else's code",
+    )
     run.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -162,9 +168,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             overrides=args.overrides,
             address=args.address,
             progress=not args.no_progress,
+            trust_plugins=args.trust_plugins,
         )
         _print_done(result, args.resume)
         return 0
+    if getattr(args, "trust_plugins", False):
+        raise RaysimError(
+            "--trust-plugins applies to --resume DIR (a new run's plug-ins are checked for "
+            "their @raysim.plugin declaration)"
+        )
     if args.config is None:
         raise RaysimError("raysim run needs a CONFIG file (or --resume DIR)")
     if args.command == "compare":

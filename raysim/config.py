@@ -305,8 +305,14 @@ def read_yaml_mapping(path: str | Path, what: str, expected: str) -> dict[str, A
     return raw
 
 
-def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
-    """Read a YAML config file and apply `a.b=value` overrides."""
+def load(
+    path: str | Path, overrides: Sequence[str] = (), *, resolve_plugins: bool = True
+) -> Config:
+    """Read a YAML config file and apply `a.b=value` overrides.
+
+    `resolve_plugins=False` reads it without resolving any plug-in name (no import, no
+    option check against a factory, nothing of a plug-in built): for reading a run folder,
+    whose config may name someone else's code (raysim.load_run)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
@@ -335,17 +341,22 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
         raise ConfigError(f"{path}: invalid YAML value: {reason}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-    return from_dict(raw, overrides, source=str(path))
+    return from_dict(raw, overrides, source=str(path), resolve_plugins=resolve_plugins)
 
 
 def from_dict(
-    raw: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "config"
+    raw: Mapping[str, Any],
+    overrides: Sequence[str] = (),
+    source: str = "config",
+    *,
+    resolve_plugins: bool = True,
 ) -> Config:
     raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
     file_sections = {k: dict(v) for k, v in raw.items() if isinstance(v, Mapping)}
     for override in overrides:
         _apply_override(raw, override)
-    _drop_options_of_replaced_plugins(raw, file_sections, overrides)
+    if resolve_plugins:  # it asks the new plug-ins for their options
+        _drop_options_of_replaced_plugins(raw, file_sections, overrides)
     # Which keys came from --set: their errors name the override, not the file.
     from_overrides = {}
     for override in overrides:
@@ -366,12 +377,12 @@ def from_dict(
         if not isinstance(values, Mapping):
             raise ConfigError(f"{source}: section '{section_name}' must be a mapping of keys")
         try:
-            sections[section_name] = _build_section(section_name, values, source)
+            sections[section_name] = _build_section(section_name, values, source, resolve_plugins)
         except ConfigError as error:
             raise _blame_override(error, source, from_overrides) from None
     config = Config(**sections)
     try:
-        _validate(config, source)
+        _validate(config, source, resolve_plugins)
     except ConfigError as error:
         raise _blame_override(error, source, from_overrides) from None
     return config
@@ -477,7 +488,9 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
     section_values[name] = value
 
 
-def _build_section(section_name: str, values: Mapping[str, Any], source: str) -> Any:
+def _build_section(
+    section_name: str, values: Mapping[str, Any], source: str, resolve: bool = True
+) -> Any:
     for key in values:
         if not isinstance(key, str):
             raise ConfigError(f"{source}: keys of '{section_name}' must be strings, got {key!r}")
@@ -499,7 +512,8 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
                     f"name a {section_name} to set {', '.join(values)}"
                 )
             return PluginConfig(name="auto", options={})
-        reg.get(name)  # unknown name -> ConfigError listing the choices
+        if resolve:
+            reg.get(name)  # unknown name -> ConfigError listing the choices
         if section_type is AttackConfig:
             fixed = {f.name: f for f in dataclasses.fields(AttackConfig)}
             kwargs = {
@@ -507,7 +521,7 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
                 for key in fixed
                 if key not in ("name", "options") and key in values
             }
-            options = reg.check_options(name, values, section_name)
+            options = _plugin_options(reg, name, values, section_name, resolve)
             return AttackConfig(name=name, options=options, **kwargs)
         if section_type is PartitionConfig:
             fixed = {f.name: f for f in dataclasses.fields(PartitionConfig)}
@@ -516,7 +530,7 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
                 for key in ("num_clients", "cache_dir")
                 if key in values
             }
-            options = reg.check_options(name, values, section_name)
+            options = _plugin_options(reg, name, values, section_name, resolve)
             return PartitionConfig(name=name, options=options, **kwargs)
         if section_type is DataConfig:
             root = values.pop("root", None)
@@ -527,9 +541,9 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
                 kwargs["validation_fraction"] = _coerce(
                     values.pop("validation_fraction"), "float", "data.validation_fraction", source
                 )
-            options = reg.check_options(name, values, section_name)
+            options = _plugin_options(reg, name, values, section_name, resolve)
             return DataConfig(name=name, root=root, options=options, **kwargs)
-        options = reg.check_options(name, values, section_name)
+        options = _plugin_options(reg, name, values, section_name, resolve)
         return PluginConfig(name=name, options=options)
     fields = {f.name: f for f in dataclasses.fields(section_type)}
     kwargs = {}
@@ -541,6 +555,13 @@ def _build_section(section_name: str, values: Mapping[str, Any], source: str) ->
             )
         kwargs[key] = _coerce(value, fields[key].type, f"{section_name}.{key}", source)
     return section_type(**kwargs)
+
+
+def _plugin_options(
+    reg: registry.Registry, name: str, values: Mapping[str, Any], section: str, resolve: bool
+) -> dict[str, Any]:
+    """The plug-in's options checked against its factory; unresolved, as they are."""
+    return reg.check_options(name, values, section) if resolve else dict(values)
 
 
 _TYPE_NAMES = {
@@ -611,8 +632,9 @@ MAX_WAIT_S = 86_400.0  # one day: a longer straggler delay or round deadline is 
 MAX_TASK_RESOURCES = 1024.0  # CPUs or GPUs of one task or actor: it runs on one machine
 
 
-def _validate(config: Config, source: str) -> None:
-    """Range checks that a type annotation cannot express; then the plug-ins' own checks."""
+def _validate(config: Config, source: str, resolve: bool = True) -> None:
+    """Range checks that a type annotation cannot express; then the plug-ins' own checks
+    (not when plug-ins are left unresolved, see `load`)."""
 
     def require(condition: bool, key: str, expected: str, value: Any) -> None:
         if not condition:
@@ -674,7 +696,8 @@ def _validate(config: Config, source: str) -> None:
     from raysim.data.partition import check_partition_options
 
     try:  # the partitioner's own checks of its option values (dirichlet's alpha > 0, ...)
-        check_partition_options(part.name, part.options)
+        if resolve:
+            check_partition_options(part.name, part.options)
     except ConfigError as error:
         raise ConfigError(f"{source}: {error}") from None
     require(clients.per_round >= 1, "clients.per_round", ">= 1", clients.per_round)
@@ -760,7 +783,8 @@ def _validate(config: Config, source: str) -> None:
             attack.fraction,
         )
     server = config.server
-    registry.server_optimizers.get(server.optimizer)
+    if resolve:
+        registry.server_optimizers.get(server.optimizer)
     require(server.lr > 0, "server.lr", "> 0", server.lr)
     require(finite(server.lr), "server.lr", "finite", server.lr)
     require(server.lr <= MAX_LEARNING_RATE, "server.lr", "in (0, 1e4]", server.lr)
@@ -783,14 +807,14 @@ def _validate(config: Config, source: str) -> None:
             value,
         )
     require(
-        config.runtime.backend in registry.backends,
+        config.runtime.backend in registry.backends or not resolve,
         "runtime.backend",
         f"one of {', '.join(registry.backends.names())} or package.module:Class",
         config.runtime.backend,
     )
-    if ":" in config.runtime.backend:
+    if resolve and ":" in config.runtime.backend:
         registry.backends.get(config.runtime.backend)  # imported here: it runs in the driver
-    if ":" in index.backend:  # imported in the driver, so the module ships with a Ray run
+    if resolve and ":" in index.backend:  # imported in the driver: the module ships to Ray
         registry.indexes.get(index.backend)
     require(
         config.runtime.num_cpus is None or config.runtime.num_cpus >= 1,
@@ -810,7 +834,8 @@ def _validate(config: Config, source: str) -> None:
         "'auto', 'ray://host:port' or null",
         config.runtime.address,
     )
-    _check_plugins(config, source)
+    if resolve:
+        _check_plugins(config, source)
 
 
 def _check_plugins(config: Config, source: str) -> None:

@@ -6,7 +6,10 @@ keyword-only parameters are its options: config sections such as `model:` or `al
 every key except `name` to the factory, and unknown keys are rejected before anything runs.
 
 A config may also name a plug-in by import path, `package.module:attr`, without registering it:
-the module is imported from the directory raysim runs in or from PYTHONPATH (raysim.plugins).
+the module is imported from the directory raysim runs in or from PYTHONPATH, and the object must
+declare itself a plug-in of that kind with `@raysim.plugin(kind)` (raysim.plugins: a config
+never reaches an arbitrary callable). What `register` is given is trusted: the process's own
+code registered it.
 Plug-ins registered from a user's own code (`raysim.registry.algorithms.register(...)`) travel
 with the run (`snapshot` / `install`), so Ray workers know them too.
 """
@@ -77,8 +80,8 @@ class Registry:
             if name in self._builtin:
                 module_name, attribute = target.split(":")
                 target = getattr(importlib.import_module(module_name), attribute)
-            else:  # registered by the user as a path: the same checks as a config's path
-                target = resolve_import_path(target, self.kind)
+            else:  # registered by the user's own code as a path: trusted, as a callable is
+                target = resolve_import_path(target, self.kind, trusted=True)
             self._targets[name] = target
         return target
 

@@ -273,6 +273,7 @@ def test_public_api_is_pinned():
         "RunResult",
         "load_config",
         "load_run",
+        "plugin",
         "resume",
         "run",
     ]

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
+import raysim
 from raysim import ConfigError
 from raysim.data.datasets import Dataset
 
 
+@raysim.plugin("dataset")
 def load_blobs(
     root: str | None,
     seed: int,

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+import raysim
 from raysim import ConfigError
 from raysim.algorithms.fedavg import FedAvg
 
 
+@raysim.plugin("algorithm")
 class ClippedFedAvg(FedAvg):
     def __init__(self, *, max_norm: float = 1.0) -> None:
         super().__init__()

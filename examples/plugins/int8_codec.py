@@ -14,7 +14,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+import raysim
 
+
+@raysim.plugin("codec")
 class Int8Delta:
     def decoded_dtype(self, layout):
         return np.dtype(np.float32)

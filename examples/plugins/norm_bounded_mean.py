@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+import raysim
 from raysim import ConfigError
 
 
+@raysim.plugin("aggregator")
 class NormBoundedMean:
     linear = False
 

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
+import raysim
+
 
 class _Block(nn.Module):
     def __init__(self, width: int) -> None:
@@ -23,6 +25,7 @@ class _Block(nn.Module):
         return x + nn.functional.relu(self.linear(x))
 
 
+@raysim.plugin("model")
 def residual_mlp(
     input_shape: Sequence[int], num_classes: int, *, width: int = 64, blocks: int = 2
 ) -> nn.Module:

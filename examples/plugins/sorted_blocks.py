@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+import raysim
 from raysim import ConfigError
 from raysim.data.split import ClientSplit
 
 
+@raysim.plugin("partitioner")
 def sorted_blocks(dataset, num_clients: int, seed: int, *, mix: float = 0.0) -> ClientSplit:
     labels = np.asarray(dataset.train_y)
     if labels.ndim != 1:

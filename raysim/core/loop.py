@@ -222,15 +222,19 @@ def resume(
     address: str | None = None,
     progress: bool = True,
     tensorboard: bool = True,
+    trust_plugins: bool = False,
 ) -> RunResult:
     """Continue a stopped run from its newest usable checkpoint in `out_dir`.
 
     Every random draw derives from (seed, round, client id) and the checkpoint holds the whole
     server state, so the resumed run ends exactly where an uninterrupted one would.
     `overrides` may set only what a resume may change: `run.rounds=N` (extends the run) and
-    `runtime.*`.
+    `runtime.*`. A folder whose config names plug-ins by import path (`module:attr`) resumes
+    only with `trust_plugins=True` (`--trust-plugins`): the folder may be someone else's, and
+    resuming imports and runs that code.
     """
     from raysim import config as config_module
+    from raysim.plugins import import_paths_in
 
     if not (Path(out_dir) / "config.yaml").is_file():
         raise RaysimError(f"cannot resume {out_dir}: it holds no run (no config.yaml)")
@@ -241,7 +245,16 @@ def resume(
                 f"--set {override}: a resume may change only run.rounds and runtime.* (the "
                 "rest would make a hybrid of two runs); start a new run for other settings"
             )
-    config = config_module.load(Path(out_dir) / "config.yaml", overrides)
+    # Read unresolved first: nothing the folder names is imported before it is trusted.
+    config_path = Path(out_dir) / "config.yaml"
+    named = import_paths_in(config_module.load(config_path, overrides, resolve_plugins=False))
+    if named and not trust_plugins:
+        raise RaysimError(
+            f"cannot resume {out_dir}: its config names plug-in code by import path "
+            f"({', '.join(named)}), which resuming would import and run; if you trust that "
+            "code, resume with --trust-plugins (Python: trust_plugins=True)"
+        )
+    config = config_module.load(config_path, overrides)
     return run(
         config,
         out_dir,

@@ -70,6 +70,14 @@ CONFIG_CASES = [
     _config_text("algorithm:\n  name: fedavgg\n", "unknown-algorithm"),
     _config_text("algorithm:\n  name: no_such_module_xyz:Thing\n", "plugin-module-missing"),
     _config_text("algorithm:\n  name: os:sep\n", "plugin-not-callable"),
+    # Callables that are not plug-ins: a config names only declared plug-ins (raysim.plugins).
+    _config_text("algorithm:\n  name: subprocess:call\n", "plugin-name-runs-a-program"),
+    _config_text("algorithm:\n  name: builtins:exit\n", "plugin-name-exits"),
+    _config_text(
+        "data:\n  name: doctest:debug_script\n  root: \"open('PWNED', 'w')\"\n",
+        "plugin-name-runs-code",
+    ),
+    _config_text("model:\n  name: raysim.cli:main\n", "plugin-name-not-declared"),
     _config_text("run:\n\trounds: 3\n", "tab-indentation"),
     _config_text("run:\n  seed: 2026-12-01\n", "a-date-for-the-seed"),
     _config_text("partition:\n  num_clients: 4\nclients:\n  per_round: 10\n", "per-round-over"),
