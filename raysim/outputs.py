@@ -9,10 +9,15 @@ OUT/tensorboard/      TensorBoard event files: every numeric per-round value as 
 OUT/checkpoints/      round_NNNNNN.npz: the server state (numpy arrays only, loaded without pickle)
 OUT/curves.png        evaluation metrics (test, validation) and training loss per round
                       (with TensorBoard on; TensorBoard's HParams tab gets the config)
+OUT/.raysim.lock      while a run (or resume) writes the folder: its pid, host and start time
+                      (`lock_out_dir`); one run at a time owns a folder
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import fcntl
 import hashlib
 import io
 import json
@@ -21,7 +26,9 @@ import os
 import queue
 import re
 import shutil
+import socket
 import stat
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -65,12 +72,14 @@ class RunOutputs:
         tensorboard: bool = True,
         history: list[dict[str, Any]] | None = None,
         resumed_round: int = 0,
+        overwrite: bool = False,
     ) -> None:
         """Start a run's outputs. On resume, `history` holds the metrics records to keep (those
         of rounds up to `resumed_round`, the restored checkpoint's); else a new run starts, and
-        an earlier run in the folder (allowed only with overwrite, see `check_out_dir`) is
-        removed first, so that the folder never mixes two runs."""
-        self.out_dir = check_out_dir(out_dir)
+        an earlier run in the folder is removed first only with `overwrite` (else refused, see
+        `check_out_dir`), so that the folder never mixes two runs."""
+        # Checked again here, not only before the data loaded: deleting is never implied.
+        self.out_dir = check_out_dir(out_dir, new_run=history is None, overwrite=overwrite)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if history is None:
             found = run_files(self.out_dir)
@@ -246,6 +255,99 @@ def checkpoint_paths(checkpoint_dir: str | Path) -> list[Path]:
 def checkpoint_round(path: Path) -> int:
     """The round a checkpoint's file name says it holds."""
     return int(_CHECKPOINT_NAME.fullmatch(path.name).group(1))
+
+
+LOCK_NAME = ".raysim.lock"
+
+
+class OutDirLock:
+    """The lock of a run's output folder, held from before its data loads to its end.
+
+    `fcntl.flock` on an open descriptor: the kernel drops it when the holder exits, however it
+    ends (SIGKILL included), so a lock file whose holder is gone is stale by construction and
+    the next run takes it over. The file holds who holds it (pid, host, start time) for the
+    message that refuses a second run."""
+
+    def __init__(self, out_dir: Path, path: Path, fd: int, created_dir: bool) -> None:
+        self.out_dir, self.path, self._fd, self._created_dir = out_dir, path, fd, created_dir
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        # Unlinked while still held: a run that opened the old file meanwhile finds it gone
+        # after locking it and opens the new one (`lock_out_dir`).
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        os.close(self._fd)
+        self._fd = None
+        if self._created_dir:  # a run refused before writing anything leaves no empty folder
+            with contextlib.suppress(OSError):
+                self.out_dir.rmdir()
+
+    def __enter__(self) -> OutDirLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _holder_text(fd: int) -> str:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0).decode())
+        return f"pid {int(holder['pid'])} on {holder['host']} since {holder['started_at']}"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+
+
+def lock_out_dir(out_dir: str | Path) -> OutDirLock:
+    """Make this process the one run that writes `out_dir` (created if needed), or refuse in
+    one line naming the run that holds it. A lock left by a run that is no longer running is
+    taken over, with a line saying so."""
+    out_dir = check_out_dir(out_dir)
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / LOCK_NAME
+    for _ in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as error:  # a symlink planted as the lock, a read-only folder
+            raise RaysimError(f"output folder {out_dir}: cannot open {path}: {error}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder_text(fd) or "its holder did not say who it is"
+            os.close(fd)
+            raise RaysimError(
+                f"output folder {out_dir} is in use by another run ({holder}; lock file "
+                f"{path}); wait for it to end, or choose another --out"
+            ) from None
+        try:
+            current = os.stat(path, follow_symlinks=False)
+            locked = os.fstat(fd)
+            same = (current.st_dev, current.st_ino) == (locked.st_dev, locked.st_ino)
+        except FileNotFoundError:
+            same = False
+        if not same:  # its holder ended and removed it between our open and our lock: again
+            os.close(fd)
+            continue
+        stale = _holder_text(fd)
+        if stale:
+            print(
+                f"raysim: taking over the lock of {out_dir}: the run that held it ({stale}) "
+                "is no longer running",
+                file=sys.stderr,
+                flush=True,
+            )
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        os.fsync(fd)
+        return OutDirLock(out_dir, path, fd, created)
+    raise RaysimError(f"output folder {out_dir}: could not take its lock {path}")
 
 
 # What a run writes into its folder (see the module docstring): a folder holding any of these

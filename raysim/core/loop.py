@@ -11,6 +11,7 @@ for each round:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -47,6 +48,7 @@ from raysim.outputs import (
     config_changes,
     config_fingerprint,
     load_checkpoint,
+    lock_out_dir,
     peak_rss_bytes,
     written_fingerprint,
 )
@@ -265,7 +267,22 @@ def resume(
     )
 
 
+def _owning_out_dir(function: Callable[..., RunResult]) -> Callable[..., RunResult]:
+    """Run `function(config, out_dir, ...)` holding `out_dir`'s lock (raysim.outputs.OutDirLock)
+    from before anything is checked or loaded to the end, however it ends: a second run or
+    resume into the folder meanwhile is refused in one line instead of deleting this one's
+    files."""
+
+    @functools.wraps(function)
+    def owning(config: Config, out_dir: str | Path, *args: Any, **kwargs: Any) -> RunResult:
+        with lock_out_dir(out_dir):
+            return function(config, out_dir, *args, **kwargs)
+
+    return owning
+
+
 @interrupts.with_handler  # Ctrl-C never inside the outputs' bookkeeping
+@_owning_out_dir
 def run(
     config: Config,
     out_dir: str | Path,
@@ -310,6 +327,7 @@ def run(
             tensorboard=tensorboard,
             history=history,
             resumed_round=restored.round if restored is not None else 0,
+            overwrite=overwrite,
         )
     except BaseException:
         backend.shutdown()
