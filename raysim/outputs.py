@@ -185,6 +185,9 @@ class RunOutputs:
 
     def _save_checkpoint(self, state: ServerState, extra: dict[str, Any] | None) -> Path:
         self.flush()
+        # On disk, not only in the page cache, before the checkpoint that relies on them: a
+        # resume from this checkpoint needs every record up to its round (resume_records).
+        os.fsync(self._metrics.fileno())
         path = self.checkpoint_dir / f"round_{state.round:06d}.npz"
         meta = json.dumps({"round": state.round, "config": self.config_dict, **(extra or {})})
         arrays = dict(state.arrays)
@@ -238,6 +241,59 @@ class RunOutputs:
 
 
 _CHECKPOINT_NAME = re.compile(r"round_(\d+)\.npz")
+
+
+def resume_records(path: Path, checkpoint_round: int) -> list[dict[str, Any]]:
+    """The metrics records a resume from the checkpoint of `checkpoint_round` keeps: those of
+    rounds 1..checkpoint_round, each exactly once, whole, in order (they are fsynced before
+    each checkpoint). What follows them (rounds computed again after the resume) may be
+    damaged: a torn or unreadable line there is cut off with a line saying so. Anything wrong
+    up to the checkpoint's round is refused in one line naming the file and the first missing
+    or bad round: the run is never silently shortened."""
+    last = checkpoint_round
+
+    def refuse(problem: str) -> RaysimError:
+        return RaysimError(
+            f"cannot resume: {path} {problem}; a resume from the checkpoint of round {last} "
+            f"needs the records of rounds 1-{last} exactly once and in order"
+        )
+
+    if not path.is_file():
+        raise refuse("is missing")
+    lines = path.read_bytes().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # after the final newline
+    history: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        expected = len(history) + 1
+        try:
+            record = json.loads(line)
+            round_index = record["round"]
+            if isinstance(round_index, bool) or not isinstance(round_index, int):
+                raise TypeError(f"round {round_index!r}")
+        except (ValueError, KeyError, TypeError):
+            if expected > last:  # past the checkpoint: recomputed, so cut off here
+                print(
+                    f"raysim: {path} line {number}, after the records of rounds 1-{last}, is "
+                    f"cut or unreadable; dropping it and the {len(lines) - number} line(s) "
+                    "after it (their rounds are computed again)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                break
+            raise refuse(
+                f"line {number} is not a whole record (round {expected} expected)"
+            ) from None
+        if round_index < expected:
+            raise refuse(f"line {number} holds round {round_index} a second time")
+        if round_index > last and expected > last:
+            continue  # a round after the checkpoint: computed again
+        if round_index != expected:
+            raise refuse(f"lacks round {expected} (line {number} holds round {round_index})")
+        history.append(record)
+    if len(history) < last:
+        raise refuse(f"ends after round {len(history)}: it lacks round {len(history) + 1}")
+    return history
 
 
 def checkpoint_paths(checkpoint_dir: str | Path) -> list[Path]:

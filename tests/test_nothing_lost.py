@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from raysim.core.loop import find_resume_point
+from raysim.core.loop import newest_usable_checkpoint
 from raysim.core.state import ServerState
 from raysim.errors import RaysimError
 from raysim.outputs import RunOutputs
@@ -28,7 +28,7 @@ def test_checkpoint_pruning_and_resume_sort_rounds_numerically(digits_config, tm
         outputs.close()
     kept = sorted(path.name for path in (tmp_path / "checkpoints").glob("*.npz"))
     assert kept == ["round_1000000.npz", "round_1000001.npz"]
-    state, _ = find_resume_point(tmp_path)
+    state = newest_usable_checkpoint(tmp_path)  # (no metrics.jsonl written here)
     assert state.round == 1_000_001 and state.arrays["params"][0] == 1_000_001
 
 

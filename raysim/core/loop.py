@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import signal
 import statistics
@@ -50,6 +49,7 @@ from raysim.outputs import (
     load_checkpoint,
     lock_out_dir,
     peak_rss_bytes,
+    resume_records,
     written_fingerprint,
 )
 
@@ -96,36 +96,15 @@ def check_resume_config(out_dir: str | Path, config: Config) -> None:
 def find_resume_point(
     out_dir: str | Path, template: ServerState | None = None
 ) -> tuple[ServerState | None, list[dict[str, Any]]]:
-    """The newest usable checkpoint and the metrics records of the rounds it covers.
-
-    A checkpoint that cannot be read (e.g. truncated, or renamed: its name and contents
-    disagree on the round) or, given the run's initial state `template`, whose arrays are not
-    the run's (missing, wrong shape or dtype, non-finite) is reported and the previous one
-    used. With none (a run stopped before its first checkpoint, or `checkpoint_every: 0`):
-    (None, []), the run starts again from round 0, whose state is a function of the seed.
+    """The newest usable checkpoint (`newest_usable_checkpoint`) and the metrics records of
+    the rounds it covers, checked against it (raysim.outputs.resume_records: every round up to
+    it once, whole and in order, else refused). With no usable checkpoint: (None, []), the run
+    starts again from round 0, whose state is a function of the seed.
     """
     out_dir = Path(out_dir)
-    checkpoints = list(reversed(checkpoint_paths(out_dir / "checkpoints")))
-    for path in checkpoints:
-        try:
-            state, _ = load_checkpoint(path)
-            problem = None if template is None else check_state(state, template)
-            if problem is not None:
-                raise RaysimError(f"checkpoint {path} cannot continue this run: {problem}")
-        except RaysimError as error:
-            print(f"raysim: skipping checkpoint: {error}", file=sys.stderr, flush=True)
-            continue
-        history = []
-        metrics = out_dir / "metrics.jsonl"
-        if metrics.exists():
-            for line in metrics.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # a line cut by the stop; later rounds are recomputed anyway
-                if record.get("round", 0) <= state.round:
-                    history.append(record)
-        return state, history
+    state = newest_usable_checkpoint(out_dir, template)
+    if state is not None:
+        return state, resume_records(out_dir / "metrics.jsonl", state.round)
     if not (out_dir / "config.yaml").is_file():
         raise RaysimError(f"cannot resume {out_dir}: it holds no run (no config.yaml)")
     print(
@@ -135,6 +114,29 @@ def find_resume_point(
         flush=True,
     )
     return None, []
+
+
+def newest_usable_checkpoint(
+    out_dir: str | Path, template: ServerState | None = None
+) -> ServerState | None:
+    """The state of the newest usable checkpoint in `out_dir` (None: none is).
+
+    A checkpoint that cannot be read (e.g. truncated, or renamed: its name and contents
+    disagree on the round) or, given the run's initial state `template`, whose arrays are not
+    the run's (missing, wrong shape or dtype, non-finite) is reported and the previous one
+    used. None: a run stopped before its first checkpoint, or `checkpoint_every: 0`.
+    """
+    for path in reversed(checkpoint_paths(Path(out_dir) / "checkpoints")):
+        try:
+            state, _ = load_checkpoint(path)
+            problem = None if template is None else check_state(state, template)
+            if problem is not None:
+                raise RaysimError(f"checkpoint {path} cannot continue this run: {problem}")
+        except RaysimError as error:
+            print(f"raysim: skipping checkpoint: {error}", file=sys.stderr, flush=True)
+            continue
+        return state
+    return None
 
 
 def _idle_reason(records: list[dict[str, Any]], limit: int) -> str:
