@@ -406,3 +406,141 @@ def test_frl_rankings_identical_on_local_and_ray_with_any_packing(ray_session, t
             assert result.state.arrays[name].tobytes() == value.tobytes(), name
         assert result.summary["final"] == local.summary["final"]
         assert result.summary["bytes_up"] == local.summary["bytes_up"]
+
+
+# --- the fast paths are the plain definitions, exactly -------------------------------------------
+
+
+def _awkward_floats(rng: np.random.Generator, n: int, kind: int) -> np.ndarray:
+    if kind == 0:  # many ties
+        return rng.integers(-3, 4, n).astype(np.float32)
+    if kind == 1:  # signed zeros, infinities, NaN with several payloads and signs
+        nans = np.array([0x7FC00000, 0x7FC00001, 0x7F800001, 0xFFC00000], np.uint32)
+        special = np.concatenate(
+            [np.array([0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45], np.float32), nans.view("<f4")]
+        )
+        return rng.choice(special, n)
+    if kind == 2:  # subnormals
+        return (rng.standard_normal(n) * 1e-40).astype(np.float32)
+    return rng.standard_normal(n).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000, 40_000])  # radix sort from 32,768 entries on
+def test_ranking_of_is_numpys_stable_argsort_for_any_floats_and_integers(n):
+    rng = np.random.default_rng(n)
+    for kind in range(4):
+        scores = _awkward_floats(rng, n, kind)
+        expected = np.argsort(scores, kind="stable")
+        assert np.array_equal(ranking_of(scores), expected), kind
+        assert np.array_equal(ranking_of(torch.from_numpy(scores)), expected), kind
+    for sums in (rng.integers(0, 10 * n, n), rng.integers(-(2**62), 2**62, n)):  # the vote
+        assert np.array_equal(ranking_of(sums), np.argsort(sums, kind="stable"))
+    assert ranking_of(scores).dtype == np.int64
+
+
+def test_the_mask_threshold_window_never_changes_the_mask():
+    """The layer's threshold hint (supermask.ThresholdHint) only speeds the selection up: with
+    any hint, good or bad, the threshold is kthvalue's and the mask the stable-sort rule's."""
+    from raysim.models.supermask import ThresholdHint, kth_smallest
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n = int(rng.choice([2, 50, 3000]))
+        scores = torch.from_numpy(_awkward_floats(rng, n, trial % 4))
+        hint = ThresholdHint()
+        for step in range(3):
+            kth = int(rng.integers(1, n + 1))
+            value, at_most = kth_smallest(scores, kth, hint)
+            expected = torch.kthvalue(scores, kth).values
+            assert torch.equal(value, expected) or (value.isnan() and expected.isnan())
+            assert at_most == int((scores <= expected).sum())
+            k = float(rng.choice([0.1, 0.5, 0.9]))
+            reference = torch.ones(n)
+            reference[torch.argsort(scores, stable=True)[: int((1 - k) * n)]] = 0
+            if not scores.isnan().any():  # argsort and kthvalue agree on NaN's place
+                assert torch.equal(top_k_mask(scores, k, hint=hint), reference)
+            assert torch.equal(top_k_mask(scores, k, hint=hint), top_k_mask(scores, k))
+            if step == 1:  # a hint from somewhere else entirely
+                hint.value, hint.width = float(rng.standard_normal()), float(rng.random())
+            scores = scores + torch.from_numpy(rng.standard_normal(n).astype(np.float32)) * 1e-3
+
+
+def _bit_by_bit_pack(values: np.ndarray, n: int) -> np.ndarray:
+    bits = rankcodec.bits_for(n)
+    stream = np.zeros(len(values) * bits, dtype=np.uint8)
+    for entry, value in enumerate(values):
+        for bit in range(bits):
+            stream[entry * bits + bit] = (int(value) >> bit) & 1
+    return np.packbits(stream, bitorder="little")
+
+
+@pytest.mark.parametrize("n", [2, 5, 64, 65, 1000, 2**21 + 3, 2**40])
+def test_bit_packing_is_the_documented_bit_stream(n):
+    """Entry e at bits [e*b, (e+1)*b), LSB first, bit p in byte p // 8 at bit p % 8."""
+    values = np.random.default_rng(n).integers(0, n, 300)
+    packed = rankcodec.pack(values, n)
+    assert np.array_equal(packed, _bit_by_bit_pack(values, n))
+    assert np.array_equal(rankcodec.unpack(packed, n, len(values)), values)
+    # Over a chunk boundary (CHUNK_ENTRIES entries a chunk), against the plain numpy form.
+    count = rankcodec.CHUNK_ENTRIES + 77
+    big = np.random.default_rng(1).integers(0, n, count)
+    bits = rankcodec.bits_for(n)
+    matrix = np.unpackbits(
+        big.astype("<u8").view(np.uint8).reshape(-1, 8), axis=1, bitorder="little"
+    )
+    expected = np.packbits(matrix[:, :bits].reshape(-1), bitorder="little")
+    assert np.array_equal(rankcodec.pack(big, n), expected)
+    assert np.array_equal(rankcodec.unpack(expected, n, count), big)
+
+
+def test_a_clients_update_depends_on_nothing_the_worker_ran_before():
+    """The round's unpacked rankings are cached per worker and the optimizer is reused, reset:
+    a client's update is the same first, after other clients, after another round's payload
+    and with the caches emptied (fresh momentum every round, as the reference code has)."""
+    from raysim.algorithms import frl
+
+    cfg = _frl_config()
+    ctx = _ctx(cfg)
+    algorithm = FRL()
+    state = algorithm.init_server(ctx)
+    payload = algorithm.server_payload(state)
+    x, y = torch.randn(40, 64, generator=torch.Generator().manual_seed(2)), torch.arange(40) % 10
+
+    def update(payload, client_id, rows=slice(None)):
+        generator = torch.Generator().manual_seed(client_id)
+        result = algorithm.client_update(payload, x[rows], y[rows], client_id, generator, ctx)
+        return result.message
+
+    first = update(payload, 1)
+    update(payload, 2, slice(0, 13))
+    assert np.array_equal(update(payload, 1), first)
+    rng = np.random.default_rng(0)
+    other = algorithm.server_payload(frl.FRL._state(5, [rng.permutation(n) for n in LAYER_SIZES]))
+    assert not np.array_equal(update(other, 1), first)  # a new payload is not the cached one
+    assert np.array_equal(update(payload, 1), first)
+    frl._ROUND_RANKINGS.clear()
+    assert np.array_equal(update(payload, 1), first)
+
+
+def test_lr_schedule_option_cosine_epochs_trains_epoch_two_at_half_the_rate(monkeypatch):
+    from raysim.algorithms import frl
+
+    with pytest.raises(ConfigError, match=r"'algorithm.lr_schedule' must be one of"):
+        FRL(lr_schedule="warmup")
+    assert config.load(FRL_CONFIG, ["algorithm.lr_schedule=cosine_epochs"])
+    rates: list[float] = []
+    monkeypatch.setattr(frl, "set_lr", lambda optimizer, rate: rates.append(rate))
+    cfg = _frl_config()  # E = 2, batch 8: 24 samples are 3 steps an epoch
+    ctx = _ctx(cfg)
+    x, y = torch.randn(24, 64), torch.arange(24) % 10
+    for schedule, expected in [
+        ("cosine_epochs", [0.8] * 3 + [0.4] * 3),
+        ("cosine_steps", [0.8 * 0.5 * (1 + math.cos(math.pi * s / 6)) for s in range(6)]),
+        ("constant", [0.8] * 6),
+    ]:
+        algorithm = FRL(lr_schedule=schedule)
+        rates.clear()
+        payload = algorithm.server_payload(algorithm.init_server(ctx))
+        algorithm.client_update(payload, x, y, 0, torch.Generator().manual_seed(0), ctx)
+        assert rates == pytest.approx(expected, rel=1e-12, abs=1e-15), schedule
+    assert rates[0] == cfg.clients.lr  # round 0: no decay yet

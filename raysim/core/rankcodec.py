@@ -4,16 +4,20 @@ A ranking of a layer with n edges is a permutation of 0..n-1, so every entry fit
 `bits_for(n) = ceil(log2 n)` bits; FRL sends rankings down and positions up in this form
 (Mozaffari et al. 2023, Section 4). Entry e occupies global bits [e*b, (e+1)*b), least
 significant bit first, and bit p lives in byte p // 8 at bit p % 8 (little-endian bit order).
-Packing works on chunks of a fixed number of entries (a multiple of 8, so every chunk ends on a
-byte boundary) to keep the temporary bit matrix small for multi-million-edge layers.
+Packing works on chunks of a fixed number of entries (a multiple of 64, so every chunk ends on a
+64-bit word boundary) to keep the temporaries small for multi-million-edge layers. Within a
+chunk, every 64 consecutive entries fill exactly `bits` little-endian uint64 words, and entry i
+of such a group always lands at the same word and shift (`_group_plan`); so a chunk is packed or
+unpacked with ~2 * 64 whole-column shifts and ORs instead of a matrix of single bits (~3x
+faster on a 262,144-edge layer; the same bytes).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-# Entries per chunk; a multiple of 8 so each chunk's bits fill whole bytes.
-CHUNK_ENTRIES = 1 << 16
+# Entries per chunk; a multiple of 64 so each chunk's bits fill whole 64-bit words.
+CHUNK_ENTRIES = 1 << 16  # 512 KiB temporaries: larger ones cost page faults each call
 
 
 def bits_for(n: int) -> int:
@@ -27,6 +31,23 @@ def packed_nbytes(n: int, count: int | None = None) -> int:
     return -(-count * bits_for(n) // 8)
 
 
+def _group_plan(bits: int) -> list[tuple[int, int, bool]]:
+    """Per entry i of a group of 64: (its word, its shift in that word, whether its high bits
+    spill into the next word). A group of 64 entries is exactly `bits` words."""
+    return [((i * bits) // 64, (i * bits) % 64, (i * bits) % 64 + bits > 64) for i in range(64)]
+
+
+def _transposed(matrix: np.ndarray) -> np.ndarray:
+    """`matrix.T` as a new contiguous array, copied in blocks of rows: one whole-matrix
+    transpose of a (4096, 64) array strides by 512 bytes, a power of two that maps its reads
+    to a few cache sets (~10x slower than these blocks)."""
+    rows = matrix.shape[0]
+    out = np.empty(matrix.shape[::-1], dtype=matrix.dtype)
+    for start in range(0, rows, 256):
+        out[:, start : start + 256] = matrix[start : start + 256].T
+    return out
+
+
 def pack(values: np.ndarray, n: int) -> np.ndarray:
     """Pack integers in [0, n) into a uint8 array of `packed_nbytes(n, len(values))` bytes."""
     values = np.asarray(values).reshape(-1)
@@ -35,12 +56,23 @@ def pack(values: np.ndarray, n: int) -> np.ndarray:
         raise ValueError(f"values must lie in [0, {n}), got [{values.min()}, {values.max()}]")
     if bits == 0 or not len(values):
         return np.zeros(0, dtype=np.uint8)
+    plan = _group_plan(bits)
     chunks = []
     for start in range(0, len(values), CHUNK_ENTRIES):
-        # Each value's 8 little-endian bytes -> its bits, LSB first; keep the low `bits`.
-        chunk = values[start : start + CHUNK_ENTRIES].astype("<u8").view(np.uint8)
-        bit_matrix = np.unpackbits(chunk.reshape(-1, 8), axis=1, bitorder="little")
-        chunks.append(np.packbits(bit_matrix[:, :bits].reshape(-1), bitorder="little"))
+        chunk = values[start : start + CHUNK_ENTRIES]
+        groups = -(-len(chunk) // 64)
+        # Column i holds entry i of every group (zero-padded: zeros add no bits).
+        columns = np.zeros((groups, 64), dtype=np.uint64)
+        columns.reshape(-1)[: len(chunk)] = chunk
+        columns = _transposed(columns)
+        words = np.zeros((bits, groups), dtype=np.uint64)
+        for column, (word, shift, spills) in zip(columns, plan, strict=True):
+            words[word] |= column << np.uint64(shift)
+            if spills:
+                words[word + 1] |= column >> np.uint64(64 - shift)
+        # Group-major little-endian words are the bit stream; the padding's bytes are cut.
+        stream = _transposed(words).astype("<u8", copy=False).view(np.uint8)
+        chunks.append(stream.reshape(-1)[: packed_nbytes(n, len(chunk))])
     return np.concatenate(chunks)
 
 
@@ -55,16 +87,22 @@ def unpack(packed: np.ndarray, n: int, count: int) -> np.ndarray:
         )
     if bits == 0:
         return np.zeros(count, dtype=np.int64)
+    plan = _group_plan(bits)
+    mask = np.uint64((1 << bits) - 1)
     chunk_bytes = CHUNK_ENTRIES * bits // 8
     out = np.empty(count, dtype=np.int64)
     for chunk_index, start in enumerate(range(0, count, CHUNK_ENTRIES)):
         entries = min(CHUNK_ENTRIES, count - start)
+        groups = -(-entries // 64)
         raw = packed[chunk_index * chunk_bytes : chunk_index * chunk_bytes + chunk_bytes]
-        bit_matrix = np.zeros((entries, 64), dtype=np.uint8)
-        bit_matrix[:, :bits] = np.unpackbits(raw, count=entries * bits, bitorder="little").reshape(
-            entries, bits
-        )
-        # Bits back into 8 little-endian bytes per value, read as one uint64 each.
-        as_bytes = np.packbits(bit_matrix, axis=1, bitorder="little")
-        out[start : start + entries] = as_bytes.view("<u8").reshape(-1)
+        stream = np.zeros(groups * bits * 8, dtype=np.uint8)  # zero-padded to whole groups
+        stream[: len(raw)] = raw
+        words = _transposed(stream.view("<u8").reshape(groups, bits))
+        columns = np.empty((64, groups), dtype=np.uint64)
+        for column, (word, shift, spills) in zip(columns, plan, strict=True):
+            np.right_shift(words[word], np.uint64(shift), out=column)
+            if spills:
+                column |= words[word + 1] << np.uint64(64 - shift)
+            column &= mask
+        out[start : start + entries] = _transposed(columns).reshape(-1)[:entries].view(np.int64)
     return out
