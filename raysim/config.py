@@ -17,6 +17,7 @@ import keyword
 import math
 import re
 import sys
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,6 +234,31 @@ class _YamlLoader(yaml.SafeLoader):
     """
 
 
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
+    """A mapping whose keys are unique: PyYAML keeps the last of a repeated key silently, so
+    `lr: 0.1` then `lr: 10.0` would run with 10.0 whatever the reader saw first. Merge keys
+    (`<<`) are YAML's own way to repeat a mapping; an explicit key still overrides them."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            repeated = key in seen
+        except TypeError:  # an unhashable key: the base constructor reports it
+            continue
+        if repeated:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key {key!r} (first at line {seen[key]})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_YamlLoader.construct_mapping = _construct_mapping  # what its map constructor calls
 _YamlLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -630,6 +656,9 @@ MAX_WEIGHT_DECAY = 1e4  # idem: lr x weight_decay > 2 makes SGD diverge
 MIN_EPS = 1e-30
 MAX_WAIT_S = 86_400.0  # one day: a longer straggler delay or round deadline is a typo
 MAX_TASK_RESOURCES = 1024.0  # CPUs or GPUs of one task or actor: it runs on one machine
+# Local epochs of one client in one round: the papers raysim reproduces use 1-20; 1e12 would
+# make round 1 never end (the step count, epochs x batches, is bounded in raysim.core.loop).
+MAX_LOCAL_EPOCHS = 10_000
 
 
 def _validate(config: Config, source: str, resolve: bool = True) -> None:
@@ -648,6 +677,14 @@ def _validate(config: Config, source: str, resolve: bool = True) -> None:
         bool(run.name) and not set(run.name) & {"/", "\\", "\0"},
         "run.name",
         "a non-empty name without '/', '\\' or NUL (it names the output folder)",
+        run.name,
+    )
+    # A newline or a right-to-left override (U+202E) in a folder name forges what a listing or
+    # a log line shows: no control (Cc) or formatting (Cf) character.
+    require(
+        not any(unicodedata.category(char) in ("Cc", "Cf") for char in run.name),
+        "run.name",
+        "a name without control or formatting characters (newline, tab, U+202E, ...)",
         run.name,
     )
     # A billion rounds (or clients) is beyond any simulation raysim can finish; more is a typo
@@ -708,6 +745,12 @@ def _validate(config: Config, source: str, resolve: bool = True) -> None:
         clients.per_round,
     )
     require(clients.local_epochs >= 1, "clients.local_epochs", ">= 1", clients.local_epochs)
+    require(
+        clients.local_epochs <= MAX_LOCAL_EPOCHS,
+        "clients.local_epochs",
+        f"at most {MAX_LOCAL_EPOCHS:,} (epochs of one client in one round)",
+        clients.local_epochs,
+    )
     require(clients.batch_size >= 1, "clients.batch_size", ">= 1", clients.batch_size)
     require(clients.lr > 0, "clients.lr", "> 0", clients.lr)
     require(finite(clients.lr), "clients.lr", "finite", clients.lr)

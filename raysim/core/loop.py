@@ -55,6 +55,9 @@ from raysim.outputs import (
 
 # Restarts of a lost server in a row (while recovering one round) before the run gives up.
 MAX_SERVER_RESTARTS = 3
+# The most optimizer steps one client may take in one round (local_epochs x its batches): the
+# largest runs raysim reproduces take a few thousand; more would keep round 1 from ending.
+MAX_LOCAL_STEPS = 10_000_000
 
 
 def _test_kill_hook() -> int | None:
@@ -173,8 +176,19 @@ class RunResult:
 
 
 def split_clients(config: Config, dataset: Dataset) -> ClientSplit:
-    """The client split (raysim.data.partition.split_for_run; cached per `partition.cache_dir`)."""
-    return split_for_run(config, dataset).train
+    """The client split (raysim.data.partition.split_for_run; cached per `partition.cache_dir`),
+    refused if its largest client would take more than MAX_LOCAL_STEPS steps a round."""
+    split = split_for_run(config, dataset).train
+    largest = int(np.diff(split.offsets).max()) if split.num_clients else 0
+    clients = config.clients
+    steps = clients.local_epochs * -(-largest // clients.batch_size)
+    if steps > MAX_LOCAL_STEPS:
+        raise RaysimError(
+            f"clients.local_epochs={clients.local_epochs} with clients.batch_size="
+            f"{clients.batch_size} gives the largest client ({largest} samples) {steps:,} local "
+            f"steps a round, more than {MAX_LOCAL_STEPS:,}; use fewer epochs or larger batches"
+        )
+    return split
 
 
 def run_context(config: Config, dataset: Dataset) -> RunContext:

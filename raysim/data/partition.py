@@ -147,6 +147,8 @@ def dirichlet_split(
     members = np.argsort(class_of, kind="stable")
     class_sizes = np.bincount(class_of, minlength=len(classes))
     class_starts = np.concatenate(([0], np.cumsum(class_sizes)))
+    if min_size >= 1:  # before any draw: the rng stream, so the split, stays the same
+        _check_dirichlet_feasible(class_sizes, num_clients, float(alpha), min_size, len(labels))
     concentration = np.full(num_clients, float(alpha))
 
     for _ in range(DIRICHLET_MAX_TRIES):
@@ -176,6 +178,45 @@ def dirichlet_split(
         samples = members[class_starts[class_index] : class_starts[class_index + 1]]
         client_of[rng.permutation(samples)] = np.repeat(client_ids, counts)
     return _from_assignment(client_of, num_clients)
+
+
+# Refuse when the expected number of clients left without a row in a draw exceeds this: the
+# chance that a draw leaves none empty is then about exp(-50), so all DIRICHLET_MAX_TRIES
+# draws would fail (at O(classes x clients) each: 10 minutes for a million clients).
+DIRICHLET_MAX_EXPECTED_EMPTY = 50.0
+
+
+def _check_dirichlet_feasible(
+    class_sizes: np.ndarray, num_clients: int, alpha: float, min_size: int, num_samples: int
+) -> None:
+    """O(classes) estimate, before the draws, of whether any draw can give every client a row.
+
+    A client's share of a class of n rows is p ~ Beta(alpha, (K-1) alpha) (K clients); its
+    count is 0 with probability E[(1 - n p)+] (the floor of the cumulative cuts), which is
+    I_{1/n}(a, b) - n a/(a+b) I_{1/n}(a+1, b). Classes are drawn independently, so a client is
+    empty with the product over classes, and K times that is the expected number of empty
+    clients."""
+    try:
+        from scipy.special import betainc
+    except ImportError:  # no estimate: the draws decide, as before
+        return
+    a, b = alpha, (num_clients - 1) * alpha
+    if b <= 0:
+        return
+    empty = 1.0
+    for size in np.asarray(class_sizes, dtype=np.float64):
+        x = min(1.0, 1.0 / size)
+        zero = betainc(a, b, x) - size * a / (a + b) * betainc(a + 1, b, x)
+        empty *= min(1.0, max(0.0, float(zero)))
+    expected = num_clients * empty
+    if expected > DIRICHLET_MAX_EXPECTED_EMPTY:
+        raise ConfigError(
+            f"partition 'dirichlet': with partition.alpha={alpha} and "
+            f"partition.num_clients={num_clients} ({num_samples} samples) a draw leaves about "
+            f"{expected:,.0f} clients without a sample, so no draw can give every client "
+            f"partition.min_size={min_size}; use a larger partition.alpha or fewer "
+            "partition.num_clients"
+        )
 
 
 def shards_split(

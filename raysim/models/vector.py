@@ -7,7 +7,9 @@ floating-point buffers (e.g. BatchNorm running statistics), in `state_dict` orde
 
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,6 +25,24 @@ _MODEL_CACHE: dict[str, nn.Module] = {}
 # optimizer state. A config asking for more (say `model.hidden: [1000000000000]`) is a typo,
 # and building it would end in an allocation traceback instead of a line naming the key.
 MAX_MODEL_PARAMETERS = 2**32
+# And at most this share of the machine's memory (physical, or the cgroup's limit) in float32:
+# the process holds the model, its gradients, optimizer state and updates at once, so a model
+# of more would end in an allocation traceback (mlp hidden [60000, 60000]: 3.6e9 parameters,
+# 14 GB) rather than a line naming the options.
+MAX_MODEL_MEMORY_SHARE = 0.25
+
+
+def max_model_parameters() -> int:
+    """The parameter bound on this machine: MAX_MODEL_PARAMETERS, or fewer where a quarter of
+    its memory holds fewer float32 values."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            memory = min(memory, int(limit))
+    except OSError:
+        pass
+    return min(MAX_MODEL_PARAMETERS, int(memory * MAX_MODEL_MEMORY_SHARE) // 4)
 
 
 def _build(ctx) -> nn.Module:
@@ -59,12 +79,14 @@ def _check_size(ctx) -> None:
     except Exception:  # noqa: BLE001 - not buildable on meta: the real build decides
         return
     count = sum(parameter.numel() for parameter in model.parameters())
-    if count > MAX_MODEL_PARAMETERS:
+    bound = max_model_parameters()
+    if count > bound:
         options = ", ".join(f"{k}={v!r}" for k, v in ctx.config.model.options.items())
         raise ConfigError(
             f"model '{ctx.config.model.name}' ({options or 'defaults'}) would have {count:,} "
-            f"parameters, more than {MAX_MODEL_PARAMETERS:,} (16 GiB of float32); check "
-            "model.hidden and the other model options"
+            f"parameters, more than {bound:,} ({bound * 4 / 2**30:.1f} GiB of float32: at most "
+            f"2^32, and a quarter of this machine's memory); check model.hidden and the other "
+            "model options"
         )
 
 
