@@ -66,7 +66,7 @@ def one_run(args: argparse.Namespace, method: str, fraction: float, seed: int) -
     name = f"{method} {fraction:.0%} seed {seed}"
     if (folder / "summary.json").is_file():
         summary = json.loads((folder / "summary.json").read_text())
-        if summary.get("rounds") == args.rounds:
+        if summary.get("rounds", 0) >= args.rounds:  # a longer run holds this round too
             return f"{name}: done already"
     started = time.perf_counter()
     sets = overrides(args, fraction, seed)
@@ -88,12 +88,17 @@ def one_run(args: argparse.Namespace, method: str, fraction: float, seed: int) -
     return f"{name}: {status} in {took / 60:.1f} min"
 
 
-def curve(folder: Path) -> dict[int, float]:
+def curve(folder: Path, up_to: int | None = None) -> dict[int, float]:
+    """Test accuracy by evaluated round (up to round `up_to`), from the run's records."""
     path = folder / "metrics.jsonl"
     if not path.is_file():
         return {}
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {r["round"]: r["eval"]["accuracy"] for r in records if "eval" in r}
+    return {
+        r["round"]: r["eval"]["accuracy"]
+        for r in records
+        if "eval" in r and (up_to is None or r["round"] <= up_to)
+    }
 
 
 def mean_std(values: list[float]) -> str:
@@ -110,13 +115,13 @@ def report(args: argparse.Namespace) -> dict:
         for fraction in args.fractions:
             finals, bests, seeds_done = [], [], []
             for seed in args.seeds:
-                folder = run_dir(args.out, method, fraction, seed)
-                path = folder / "summary.json"
-                if not path.is_file():
-                    continue
-                summary = json.loads(path.read_text())
-                finals.append(summary["final"]["accuracy"])
-                bests.append(summary["best"]["accuracy"]["value"])
+                # Read at round args.rounds from the records, so that a run that went on
+                # longer (an earlier, longer study) reports the same round as the others.
+                points = curve(run_dir(args.out, method, fraction, seed), args.rounds)
+                if args.rounds not in points:
+                    continue  # not run, or not that far yet
+                finals.append(points[args.rounds])
+                bests.append(max(points.values()))
                 seeds_done.append(seed)
             cells[(method, fraction)] = {"final": finals, "best": bests, "seeds": seeds_done}
     header = " | ".join(f"{f:.0%} malicious" for f in args.fractions)
@@ -172,7 +177,7 @@ def plot(args: argparse.Namespace) -> None:
     for axis, fraction in zip(axes[0], args.fractions, strict=True):
         for index, method in enumerate(args.methods):
             for number, seed in enumerate(args.seeds):
-                points = curve(run_dir(args.out, method, fraction, seed))
+                points = curve(run_dir(args.out, method, fraction, seed), args.rounds)
                 if points:
                     axis.plot(
                         list(points),

@@ -299,6 +299,11 @@ def _print_done(result, out: str) -> None:
     final = ", ".join(
         f"{k}={v:.4f}" for k, v in result.summary["final"].items() if isinstance(v, int | float)
     )
+    best = ""
+    for name, entry in (result.summary.get("best") or {}).items():
+        if name != "loss":  # the first quality metric (accuracy, mAP, P@1, ...)
+            best = f"; best {name}={entry['value']:.4f} (round {entry['round']})"
+            break
     print(
         f"done: {result.summary['rounds']} rounds in {result.summary['wall_s']:.1f} s; "
         f"final {final}{best}; outputs in {out}"
@@ -307,8 +312,3 @@ def _print_done(result, out: str) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
-    best = ""
-    for name, entry in (result.summary.get("best") or {}).items():
-        if name != "loss":  # the first quality metric (accuracy, mAP, P@1, ...)
-            best = f"; best {name}={entry['value']:.4f} (round {entry['round']})"
-            break

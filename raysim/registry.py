@@ -224,12 +224,12 @@ for _name in ("digits", "synthetic_classification", "mnist", "cifar10", "cifar10
     datasets.register(_name, f"raysim.data.datasets:load_{_name}")
 datasets.register("extreme_classification", "raysim.data.xml:load_extreme_classification")
 datasets.register("synthetic_xml", "raysim.data.synthetic_xml:load_synthetic_xml")
-for _name in ("iid", "dirichlet", "shards", "one_class", "natural", "kmodes", "random"):
-    partitioners.register(_name, f"raysim.data.partition:{_name}")
-for _name in ("mlp", "lenet", "conv2", "conv4", "conv6", "conv8"):
 # Real data from package managers (Debian, PyPI wheels): raysim.data.offline
 for _name in ("fashion_mnist", "mnist_5k", "yeast"):
     datasets.register(_name, f"raysim.data.offline:load_{_name}")
+for _name in ("iid", "dirichlet", "shards", "one_class", "natural", "kmodes", "random"):
+    partitioners.register(_name, f"raysim.data.partition:{_name}")
+for _name in ("mlp", "lenet", "conv2", "conv4", "conv6", "conv8"):
     models.register(_name, f"raysim.models.classic:{_name}")
 for _name in ("xml_embedding_bag", "resnet8", "resnet32", "resnet56", "mlp_embedding"):
     models.register(_name, f"raysim.models.embedding:{_name}")

@@ -381,7 +381,10 @@ def run(
     last_eval: dict[str, float] = {}
     last_val: dict[str, float] = {}
     train_loss = float("nan")
+    best_eval, best_val = BestSoFar(), BestSoFar()  # the best so far of each metric
     for record in history or []:  # rounds done before a resume count in the totals
+        best_eval.add(record.get("round", 0), record.get("eval") or {})
+        best_val.add(record.get("round", 0), record.get("val") or {})
         for key in totals:
             totals[key] += record.get(key) or 0
         last_eval = record.get("eval", last_eval)
@@ -394,10 +397,7 @@ def run(
         client_ids = sample_clients(
             seed,
             round_index,
-    best_eval, best_val = BestSoFar(), BestSoFar()  # the best so far of each metric
             split.num_clients,
-        best_eval.add(record.get("round", 0), record.get("eval") or {})
-        best_val.add(record.get("round", 0), record.get("val") or {})
             config.clients.per_round,
             malicious_below,
             config.attack.redraw_majority,
@@ -517,9 +517,11 @@ def run(
             if stats.eval:  # the test split ("eval", as TensorBoard's eval/...)
                 last_eval = stats.eval
                 record["eval"] = stats.eval
+                best_eval.add(round_index + 1, stats.eval)
             if stats.val:  # the validation split (data.validation_fraction), tuned on
                 last_val = stats.val
                 record["val"] = stats.val
+                best_val.add(round_index + 1, stats.val)
             if not stats.model_updated:
                 record["model_kept"] = True  # nothing arrived, or the update was refused
             if stats.rejected:  # one line per rejected update, naming the client
@@ -530,11 +532,9 @@ def run(
             if on_round is not None:
                 on_round(record)
             every = config.run.checkpoint_every
-                best_eval.add(round_index + 1, stats.eval)
             if last or (every and (round_index + 1) % every == 0):
                 outputs.save_checkpoint(with_server(backend.get_state, round_index + 1), data_shape)
             idle = idle + [record] if not stats.model_updated else []
-                best_val.add(round_index + 1, stats.val)
             if config.run.max_idle_rounds and len(idle) >= config.run.max_idle_rounds:
                 raise RaysimError(_idle_reason(idle, config.run.max_idle_rounds))
             if kill_after == round_index + 1:
@@ -546,6 +546,10 @@ def run(
         summary = {
             "final": {**last_eval, "train_loss": train_loss},  # test split
             "final_val": last_val or None,  # validation split (None: none held out)
+            # per metric, the best value of any evaluated round and that round (the FRL
+            # reference code's printed metric is the best test accuracy so far)
+            "best": best_eval.summary(),
+            "best_val": best_val.summary(),
             "resumed_from_round": first_round if restored is not None else None,
             "rounds": rounds,
             "wall_s": wall_s,
@@ -559,10 +563,6 @@ def run(
             "clients_done": totals["clients_done"],
             "clients_failed": totals["clients_failed"],
             "clients_rejected": totals["clients_rejected"],
-            # per metric, the best value of any evaluated round and that round (the FRL
-            # reference code's printed metric is the best test accuracy so far)
-            "best": best_eval.summary(),
-            "best_val": best_val.summary(),
             "clients_dropped": totals["clients_dropped"],
             "clients_late": totals["clients_late"],
             "task_retries": totals["task_retries"],
