@@ -15,6 +15,7 @@ import heapq
 import logging
 import math
 import os
+import sys
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -341,6 +342,8 @@ class ServerActor:
         )
         self.faults = FaultPlan.from_config(ctx.config)
         self.max_retries = clients.max_retries
+        # Tasks for a round whose clients failed inside this actor (_run_round_here).
+        self.fallback_tasks = int(ray.cluster_resources().get("CPU", 1.0) // clients.num_cpus)
         self.deadline_s = ctx.config.run.round_deadline_s
         # Starting a client worker (Python, torch, the run's data; 1-3 s here, more under load)
         # is not lateness. A round that starts workers (the first one this actor runs, and any
@@ -534,12 +537,23 @@ class ServerActor:
         driver logs: the actor's counterpart of dispatching the next round's tasks early."""
         prefetched, self._prefetched_here = self._prefetched_here, None
         self.server.start_round(info)
-        if prefetched is not None and prefetched[0] == info.round_index:
-            updates, compute_s = prefetched[1].result()
-        else:
-            updates, compute_s = self._train_here(
-                info, self.server.payload(), self.server.personal_payloads(info.trained_ids)
-            )
+        try:
+            if prefetched is not None and prefetched[0] == info.round_index:
+                updates, compute_s = prefetched[1].result()
+            else:
+                updates, compute_s = self._train_here(
+                    info, self.server.payload(), self.server.personal_payloads(info.trained_ids)
+                )
+        except Exception as error:  # noqa: BLE001 - a client's, not the server's: see below
+            # A client's exception here would end the run, while a task's failure costs its
+            # client only: the round's clients train again as tasks, under the task path's
+            # rules (retries, drops), and the driver trains no later round here. Nothing was
+            # folded in yet, so the round is computed as if it had been dispatched as tasks.
+            ids = info.trained_ids
+            chunks = chunk_clients(ids, max(1, min(len(ids), self.fallback_tasks)))
+            stats = self.run_round(info, chunks, evaluate, None)
+            stats.server_place_failed = f"{type(error).__name__}: {error}"[:200]
+            return stats
         self.server.add(updates)
         stats = self.server.finish_round(evaluate)
         stats.clients_s = stats.client_compute_s = compute_s
@@ -652,6 +666,13 @@ class RayBackend:
         self._cost: dict[str, float | None] = {"tasks": None, "server": None}
         self._cost_round: dict[bool, int] = {False: 0, True: 0}
         self._last_call: tuple[int, float] | None = None
+        # Whether the server actor trains (or is about to train) clients in the current call,
+        # and whether that place is off for good: a client that kills its process there (a
+        # segfault, os._exit, Ray's memory monitor) takes the server with it, while in a task
+        # it costs only that client. So after one such loss, or a client exception inside the
+        # server, every round trains in tasks.
+        self._server_busy = False
+        self._server_place_off = False
 
     # Where a round's clients train, with `clients.per_task: auto`: in tasks (spread over the
     # client slots) or in the server actor (one after another, no task round trip). Which is
@@ -677,6 +698,8 @@ class RayBackend:
     def trains_in_server(self, round_index: int) -> bool:
         """Where round `round_index`'s clients train (decided once per round: a round may be
         dispatched ahead of its call)."""
+        if self._server_place_off:
+            return False
         decided = self._placement.get(round_index)
         if decided is None:
             decided = self._placement[round_index] = self._place(round_index)
@@ -761,10 +784,14 @@ class RayBackend:
         chunks = self._chunks(info)
         next_round = None if next_info is None else (next_info, self._chunks(next_info))
         call = self.server.run_round.remote(info, chunks, evaluate, next_round)
+        # (the next round's clients may start training in the server during this call)
+        self._server_busy = chunks is None or (next_round is not None and next_round[1] is None)
         if self._kill_server_at == info.round_index + 1:
             self._kill_server_at = None
             ray.kill(self.server)
         stats = self._get(call)
+        if stats.server_place_failed:
+            self._stop_server_place(f"a client failed in it ({stats.server_place_failed})")
         self.rounds_run += 1
         if stats.clients_done and stats.tasks and self.rounds_run > 1:  # round 1: start-up
             measured = stats.client_compute_s / stats.clients_done
@@ -773,6 +800,26 @@ class RayBackend:
                 measured if previous is None else 0.7 * previous + 0.3 * measured
             )
         return stats
+
+    def _stop_server_place(self, why: str) -> None:
+        """Train every later round in tasks, where a failing client costs only itself."""
+        if self._server_place_off:
+            return
+        self._server_place_off = True
+        self._placement.clear()  # (rounds already decided for the server are decided again)
+        print(
+            f"raysim: the server actor trained clients and {why}; clients train in tasks for "
+            f"the rest of the run",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _lost(self, message: str, error: BaseException) -> ServerLost:
+        """ServerLost; if the server was training clients, they are why: no more of that."""
+        if self._server_busy:
+            self._server_busy = False
+            self._stop_server_place("died (a client crashed, e.g. a segfault or out of memory)")
+        return ServerLost(message)
 
     def _get(self, call: ray.ObjectRef):
         """The result of a server actor call; ServerLost if the actor (or an index shard
@@ -788,10 +835,10 @@ class RayBackend:
             if isinstance(cause, ray.exceptions.RayError) and not isinstance(
                 cause, ray.exceptions.RayTaskError
             ):
-                raise ServerLost(f"an actor of the server failed: {cause}") from error
+                raise self._lost(f"an actor of the server failed: {cause}", error) from error
             raise
         except ray.exceptions.RayError as error:
-            raise ServerLost(f"the server actor failed: {error}") from error
+            raise self._lost(f"the server actor failed: {error}", error) from error
 
     def restart(self, state: ServerState | None) -> None:
         """Replace a lost server actor by a new one holding `state` (a checkpointed state,
