@@ -7,6 +7,7 @@ with status 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import time
 from collections.abc import Sequence
@@ -102,9 +103,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RaysimError as error:
         print(f"raysim: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"raysim: interrupted{_resume_hint(getattr(args, 'run_dir', None))}", file=sys.stderr)
-        return 130
+    except OSError as error:
+        if error.errno not in STORAGE_ERRNOS or not error.filename:
+            raise  # not a storage fault: a bug, with its traceback
+        # A full disk, a read-only or deleted --out: one line naming the path (the newest
+        # checkpoint is intact: checkpoints are written to a temp file and renamed).
+        hint = _resume_hint(getattr(args, "run_dir", None))
+        print(f"raysim: error: storage: {error.filename}: {error.strerror}{hint}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as stop:
+        from raysim.interrupts import Terminated
+
+        # SIGTERM: 143 (128 + 15), as a process ended by it; Ctrl-C: 130 (128 + SIGINT)
+        terminated = isinstance(stop, Terminated)
+        what = "stopped by SIGTERM" if terminated else "interrupted"
+        print(f"raysim: {what}{_resume_hint(getattr(args, 'run_dir', None))}", file=sys.stderr)
+        return 143 if terminated else 130
+
+
+# errno values of storage faults (no space, quota, read-only, permission, a folder gone).
+STORAGE_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENOENT,
+    errno.EIO,
+}
 
 
 def _resume_hint(run_dir: str | None) -> str:

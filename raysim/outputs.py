@@ -29,6 +29,7 @@ import shutil
 import socket
 import stat
 import sys
+import tempfile
 import threading
 import zipfile
 from pathlib import Path
@@ -361,7 +362,18 @@ def lock_out_dir(out_dir: str | Path) -> OutDirLock:
     taken over, with a line saying so."""
     out_dir = check_out_dir(out_dir)
     created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # Writable? Checked by writing, before Ray or the data start (permission bits do not
+        # tell a read-only mount, and bind root): found later it was a 23-87 line traceback.
+        probe, probe_path = tempfile.mkstemp(prefix=".raysim-write-check-", dir=out_dir)
+        os.close(probe)
+        os.unlink(probe_path)
+    except OSError as error:
+        raise RaysimError(
+            f"output folder {out_dir} is not writable: {error.strerror or error} "
+            f"({error.filename or out_dir}); choose another --out"
+        ) from None
     path = out_dir / LOCK_NAME
     for _ in range(100):
         try:

@@ -326,6 +326,7 @@ def run(
     restored, history = None, None
     # Data and backend first: bad input fails here, before anything in out_dir is touched.
     backend = _start(config, address)
+    interrupts.reclaim_sigterm()  # (ray.init installed its own SIGTERM handler)
     dataset, split = backend.dataset, backend.split
     try:
         if resume_from_checkpoint:  # checkpoints are checked against the run's initial state
@@ -532,8 +533,12 @@ def run(
             if on_round is not None:
                 on_round(record)
             every = config.run.checkpoint_every
-            if last or (every and (round_index + 1) % every == 0):
+            # SIGTERM: stop here, this round checkpointed (raysim.interrupts)
+            stopping = interrupts.stop_requested() and not last
+            if last or stopping or (every and (round_index + 1) % every == 0):
                 outputs.save_checkpoint(with_server(backend.get_state, round_index + 1), data_shape)
+            if stopping:
+                raise interrupts.Terminated
             idle = idle + [record] if not stats.model_updated else []
             if config.run.max_idle_rounds and len(idle) >= config.run.max_idle_rounds:
                 raise RaysimError(_idle_reason(idle, config.run.max_idle_rounds))

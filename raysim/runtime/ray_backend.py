@@ -248,7 +248,31 @@ def load_dataset_in_cluster(config) -> tuple[Dataset, ray.ObjectRef]:
     except ray.exceptions.RayTaskError as error:
         if isinstance(error.cause, RaysimError):  # bad data/config: one clear message, as locally
             raise error.cause from None
+        missing = _import_error_in(error)
+        if missing is not None:
+            raise RaysimError(_worker_cannot_import(missing)) from None
         raise
+
+
+def _import_error_in(error: BaseException) -> ImportError | None:
+    """The ImportError behind a Ray task error (nested task errors, exception chains), if any:
+    a module the driver imports but a worker cannot (not installed there, not shipped)."""
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, ImportError):
+            return error
+        seen += 1
+        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
+    return None
+
+
+def _worker_cannot_import(error: ImportError) -> str:
+    name = error.name or " ".join(str(error).split())[:200]
+    return (
+        f"a Ray worker cannot import module {name!r} ({' '.join(str(error).split())[:200]}): "
+        "install it on every node of the cluster, or name it in the config as a plug-in "
+        "(module:attr) so raysim ships it (docs/EXTENDING.md)"
+    )
 
 
 @ray.remote
@@ -832,6 +856,9 @@ class RayBackend:
             cause = error.cause
             if isinstance(cause, RaysimError):  # the user's input, as on the local backend:
                 raise cause from None  # one line, not Ray's wrapped traceback
+            missing = _import_error_in(error)
+            if missing is not None:
+                raise RaysimError(_worker_cannot_import(missing)) from None
             if isinstance(cause, ray.exceptions.RayError) and not isinstance(
                 cause, ray.exceptions.RayTaskError
             ):
