@@ -53,7 +53,7 @@ def test_attacks_are_registered():
         registry.attacks.names()
     )
     assert registry.attacks.option_names("agr_tailored") == ["gamma_init", "tolerance"]
-    assert registry.attacks.option_names("naive_scaling") == ["scale"]
+    assert registry.attacks.option_names("naive_scaling") == ["scale", "of"]
     assert registry.attacks.option_names("sign_flip") == []
     cfg = config.load(
         CONFIGS / "fedavg_trimmed_mean_digits.yaml",
