@@ -71,9 +71,19 @@ def _parser() -> argparse.ArgumentParser:
     tune = commands.add_parser(
         "tune", help="sweep hyperparameters with Ray Tune (the config's `tune:` section)"
     )
-    _add_config_arguments(tune)
+    _add_config_arguments(tune, optional=True)  # optional with --resume
     tune.add_argument("--out", help="output folder (default: runs/tune-NAME-TIMESTAMP)")
     tune.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port)")
+    tune.add_argument(
+        "--resume",
+        metavar="OUT",
+        help="continue the stopped sweep in OUT with Tune's restore (finished trials reused)",
+    )
+    tune.add_argument(
+        "--trust-plugins",
+        action="store_true",
+        help="with --resume: allow the plug-ins OUT's sweep names by import path (module:attr)",
+    )
 
     compare = commands.add_parser(
         "compare",
@@ -180,6 +190,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("any kind may also be named package.module:attr (docs/EXTENDING.md)")
         return 0
 
+    if args.command == "tune":
+        return _tune(args)
     if args.command == "run" and args.resume:
         if args.config or args.out or args.overwrite:
             raise RaysimError(
@@ -215,13 +227,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         out = args.out or f"runs/compare-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         compare.run_comparison(comparison, out, address=args.address)
         return 0
-    if args.command == "tune":
-        from raysim import tune
-
-        config, spec = tune.load_sweep(args.config, args.overrides)
-        out = args.out or f"runs/tune-{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        result = tune.run_sweep(config, spec, out, address=args.address)
-        return 0 if result.best is not None else 1
     config = config_module.load(args.config, args.overrides)
     if args.command == "partition":
         from raysim.core.loop import load_dataset
@@ -241,6 +246,42 @@ def _dispatch(args: argparse.Namespace) -> int:
     )
     _print_done(result, out)
     return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """`raysim tune CONFIG [--out OUT]` or `raysim tune --resume OUT`. A sweep stopped by Ctrl-C
+    (130) or SIGTERM (143) writes its finished trials' results and best config first."""
+    from raysim import tune
+
+    if args.resume:
+        if args.config or args.out or args.overrides:
+            raise RaysimError(
+                "--resume OUT continues the sweep with OUT's own sweep.yaml; give no CONFIG, "
+                "--out or --set with it"
+            )
+        out = args.resume
+        config, spec = tune.load_saved_sweep(out, trust_plugins=args.trust_plugins)
+    else:
+        if args.trust_plugins:
+            raise RaysimError("--trust-plugins applies to --resume OUT")
+        if args.config is None:
+            raise RaysimError("raysim tune needs a CONFIG file (or --resume OUT)")
+        config, spec = tune.load_sweep(args.config, args.overrides)
+        out = args.out or f"runs/tune-{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        tune.save_sweep(out, args.config, args.overrides)
+    result = tune.run_sweep(config, spec, out, address=args.address, resume=bool(args.resume))
+    if result.interrupted:
+        done = sum(row["status"] == "completed" for row in result.rows)
+        what = "stopped by SIGTERM" if result.interrupted == "SIGTERM" else "interrupted"
+        best = f", best config in {result.out_dir / 'best_config.yaml'}" if result.best else ""
+        print(
+            f"raysim: {what}; {done} of {result.expected_trials} trials finished, results in "
+            f"{result.out_dir / 'tune_results.csv'}{best}; continue with: raysim tune --resume "
+            f"{out}",
+            file=sys.stderr,
+        )
+        return 143 if result.interrupted == "SIGTERM" else 130
+    return 0 if result.best is not None else 1
 
 
 KINDS = {

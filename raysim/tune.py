@@ -118,6 +118,55 @@ _SPEC_FIELDS = {f.name: f for f in dataclasses.fields(SweepSpec)}
 # --- loading ---------------------------------------------------------------------------------
 
 
+# What `raysim tune` keeps in OUT to continue a sweep (`raysim tune --resume OUT`): the sweep
+# file as given and its --set/--unset overrides.
+SWEEP_FILE, SWEEP_OVERRIDES = "sweep.yaml", "sweep_overrides.json"
+
+
+def save_sweep(out_dir: str | Path, path: str | Path, overrides: Sequence[str]) -> None:
+    """Keep the sweep's file and overrides in `out_dir`, for `raysim tune --resume OUT`."""
+    import json
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SWEEP_FILE).write_text(Path(path).read_text())
+    (out_dir / SWEEP_OVERRIDES).write_text(json.dumps(list(overrides)))
+
+
+def load_saved_sweep(out_dir: str | Path, *, trust_plugins: bool = False):
+    """The sweep a folder of `raysim tune` ran (save_sweep). A folder whose config names
+    plug-ins by import path needs `trust_plugins`: the folder may be someone else's, and
+    continuing it imports and runs that code (as `raysim run --resume`)."""
+    import json
+
+    from raysim.plugins import import_paths_in
+
+    out_dir = Path(out_dir)
+    path, saved = out_dir / SWEEP_FILE, out_dir / SWEEP_OVERRIDES
+    if not path.is_file() or not saved.is_file():
+        raise RaysimError(
+            f"cannot resume {out_dir}: it holds no sweep of `raysim tune` ({SWEEP_FILE} and "
+            f"{SWEEP_OVERRIDES} are written when a sweep starts)"
+        )
+    try:
+        overrides = json.loads(saved.read_text())
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise ValueError("not a list of strings")
+    except ValueError as error:
+        raise RaysimError(f"cannot resume {out_dir}: {saved} is unreadable ({error})") from None
+    raw = config_module.read_yaml_mapping(path, "config file", "of sections")
+    raw.pop("tune", None)
+    plain = [o for o in overrides if not o.split("=", 1)[0].strip().startswith("tune.")]
+    named = import_paths_in(config_module.from_dict(raw, plain, resolve_plugins=False))
+    if named and not trust_plugins:
+        raise RaysimError(
+            f"cannot resume {out_dir}: its sweep names plug-in code by import path "
+            f"({', '.join(named)}), which resuming would import and run; if you trust that "
+            "code, resume with --trust-plugins"
+        )
+    return load_sweep(path, overrides)
+
+
 def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Config, SweepSpec]:
     """Read a sweep YAML: the experiment config (without `tune:`) and the sweep's spec.
 
@@ -356,6 +405,10 @@ class SweepResult:
     best: dict[str, Any] | None
     best_config: Config | None
     out_dir: Path
+    # "SIGTERM" or "Ctrl-C" when the sweep was stopped before every trial ran (the finished
+    # trials' results and best config are written; `raysim tune --resume OUT` continues)
+    interrupted: str | None = None
+    expected_trials: int = 0
 
 
 def run_sweep(
@@ -365,8 +418,15 @@ def run_sweep(
     *,
     address: str | None = None,
     verbose: int = 0,
+    resume: bool = False,
 ) -> SweepResult:
-    """Run the sweep; writes OUT/tune_results.csv and OUT/best_config.yaml."""
+    """Run the sweep; writes OUT/tune_results.csv and OUT/best_config.yaml.
+
+    Ctrl-C or SIGTERM stops it as Tune does (the trials in progress are stopped, Tune's
+    experiment state saved), and the finished trials' results and best config are written
+    all the same (`SweepResult.interrupted`). `resume` continues the sweep in `out_dir` with
+    Tune's restore (`Tuner.restore`): finished trials are reused, unfinished ones run again
+    (each is deterministic given its config), and the trials not yet started are started."""
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -429,8 +489,49 @@ def run_sweep(
                 callbacks=[_trial_lines(spec.metric, config.run.rounds)],
             ),
         )
-        grid = tuner.fit()
+        experiment = out_dir / "tune" / config.run.name
+        if resume:
+            if not tune.Tuner.can_restore(str(experiment)):
+                raise RaysimError(
+                    f"cannot resume {out_dir}: no Tune experiment state in {experiment}"
+                )
+            tuner = tune.Tuner.restore(
+                str(experiment),
+                trainable=trainable,
+                resume_unfinished=True,
+                resume_errored=False,
+                restart_errored=False,
+            )
+        stopped_by: list[str] = []
+
+        def on_sigterm(signum, frame) -> None:
+            # SIGTERM stops the sweep as Ctrl-C does: through Tune's own stop signal
+            # (SIGUSR1), which stops the trials in progress and saves the experiment state.
+            stopped_by.append("SIGTERM")
+            if callable(signal.getsignal(getattr(signal, "SIGUSR1", signal.SIGTERM))):
+                signal.raise_signal(signal.SIGUSR1)
+            else:  # (Tune's handler not installed yet: nothing has run)
+                raise KeyboardInterrupt
+
+        import threading
+
+        main_thread = threading.current_thread() is threading.main_thread()
+        sigterm_handler = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
+        try:
+            grid = tuner.fit()
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, sigterm_handler)
         rows = _rows(grid, spec, config.run.rounds)
+        expected = spec.num_samples * math.prod(
+            len(d.values) for d in spec.space if d.kind == "grid"
+        )
+        finished = grid.num_terminated + grid.num_errors
+        interrupted = None
+        if stopped_by:
+            interrupted = stopped_by[0]
+        elif finished < max(expected, len(grid)):
+            interrupted = "Ctrl-C"
     finally:
         if sigint_handler is not None:
             signal.signal(signal.SIGINT, sigint_handler)
@@ -440,7 +541,7 @@ def run_sweep(
             os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = previous_chdir
         if started_ray:
             ray_backend.disconnect()
-    if rows and all(row["status"] == "ERROR" for row in rows):
+    if interrupted is None and rows and all(row["status"] == "ERROR" for row in rows):
         raise RaysimError(f"every trial failed; first error: {rows[0]['error']}")
     best = _best(rows, spec)
     best_config = apply_params(config, best["params"]) if best else None
@@ -459,7 +560,7 @@ def run_sweep(
             f"config: {out_dir / 'best_config.yaml'}"
         )
     print(f"results: {out_dir / 'tune_results.csv'}; trials' runs in {out_dir / 'trials'}")
-    return SweepResult(rows, best, best_config, out_dir)
+    return SweepResult(rows, best, best_config, out_dir, interrupted, expected)
 
 
 def _trial_lines(metric: str, rounds: int):
@@ -512,8 +613,11 @@ def _check_fits(bundles: list[dict[str, float]], cluster: Mapping[str, float]) -
 def _rows(grid, spec: SweepSpec, rounds: int) -> list[dict[str, Any]]:
     rows = []
     for result in grid:
+        # A sweep stopped early (Ctrl-C, SIGTERM) has trials that never reported: no
+        # metrics, no path, no config (the TypeError that lost every finished result).
         metrics = result.metrics or {}
-        trial = metrics.get("trial_id") or Path(result.path).name
+        params = result.config or {}
+        trial = metrics.get("trial_id") or (Path(result.path).name if result.path else "-")
         done = metrics.get("round")
         if result.error is not None:
             status = "ERROR"
@@ -526,7 +630,9 @@ def _rows(grid, spec: SweepSpec, rounds: int) -> list[dict[str, Any]]:
             "status": status,
             "rounds": done,
             "params": {
-                domain.key: _python_value(result.config[domain.key]) for domain in spec.space
+                domain.key: _python_value(params[domain.key])
+                for domain in spec.space
+                if domain.key in params
             },
             spec.metric: metrics.get(spec.metric),
             "error": _error_line(result.error),
