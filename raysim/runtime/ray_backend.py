@@ -291,6 +291,15 @@ def _client_task(
     return updates, seconds, ray.get_runtime_context().get_node_id()
 
 
+@ray.remote
+def _warm_task(run_ref: list) -> int:
+    # Starts a client worker and caches the run's bundle in it (ServerActor._warm_workers);
+    # the short sleep keeps it busy so that the other warm tasks start workers of their own.
+    _run_bundle(run_ref[0])
+    time.sleep(0.2)
+    return os.getpid()
+
+
 def _train_with_bundle(
     run_ref, payload, round_index: int, client_ids, personal, attempts=None, hard_exits=False
 ) -> tuple[list, float]:
@@ -364,6 +373,7 @@ class ServerActor:
         self.task = _client_task.options(
             num_cpus=clients.num_cpus, num_gpus=num_gpus, max_retries=0, retry_exceptions=False
         )
+        self.task_cpus, self.task_gpus = clients.num_cpus, num_gpus
         self.faults = FaultPlan.from_config(ctx.config)
         self.max_retries = clients.max_retries
         # Tasks for a round whose clients failed inside this actor (_run_round_here).
@@ -404,8 +414,21 @@ class ServerActor:
         )
 
     def _dispatch(self, info: RoundInfo, chunks: list[np.ndarray]) -> tuple:
+        if self.deadline_s is not None and self.workers_starting:
+            self._warm_workers()
         refs = [self._submit(info.round_index, chunk) for chunk in chunks]
         return info.round_index, time.perf_counter(), refs, chunks
+
+    def _warm_workers(self) -> None:
+        """Start the client workers (Python, torch, the run's data) before a round with a
+        deadline is dispatched, on every slot: a task that waits for its worker to start is
+        not late. Counting from the first update alone was not enough: one slot's worker up,
+        the other's still starting, and its honest clients were cut (4 of 8 in some rounds
+        of a 1 s deadline with no slow client)."""
+        warm = _warm_task.options(num_cpus=self.task_cpus, num_gpus=self.task_gpus, max_retries=0)
+        refs = [warm.remote(self.run_ref) for _ in range(max(1, self.fallback_tasks))]
+        # (one not done by then is left to finish: cancelling it would end its worker)
+        ray.wait(refs, num_returns=len(refs), timeout=WORKER_START_ALLOWANCE_S)
 
     def run_round(
         self,
@@ -417,6 +440,7 @@ class ServerActor:
         """One round; with `next_round`, that round's tasks are dispatched as soon as this
         round's payload exists, so they train while the driver logs and calls back (clients
         of round t+1 depend only on the payload after round t, which is final here)."""
+        call_started = time.perf_counter()
         if chunks is None or (
             self._prefetched_here is not None and self._prefetched_here[0] == info.round_index
         ):
@@ -428,6 +452,9 @@ class ServerActor:
             _, started, task_refs, chunks = self._dispatch(info, chunks)
         self.server.start_round(info)
         round_index = info.round_index
+        # The deadline counts from this call at the earliest: tasks dispatched ahead (with the
+        # round before) waited meanwhile for the driver, not for their clients.
+        deadline_from = max(started, call_started)
         # A "slot" is a contiguous run of the round's clients (ascending ids) whose result is
         # pending, keyed by its first client id. Results are folded in key order = client-id
         # order; a failed task's slot is split into smaller slots that are resubmitted.
@@ -442,7 +469,7 @@ class ServerActor:
         compute_s = 0.0
         retries = 0
         pending = list(task_refs)
-        deadline = None if self.deadline_s is None else started + self.deadline_s
+        deadline = None if self.deadline_s is None else deadline_from + self.deadline_s
         starting_workers = self.workers_starting and deadline is not None
         if starting_workers:
             deadline += WORKER_START_ALLOWANCE_S
@@ -794,6 +821,10 @@ class RayBackend:
         per_task = self.ctx.config.clients.per_task
         if per_task != "auto":
             return math.ceil(num_clients / per_task)
+        if self.ctx.config.run.round_deadline_s is not None:
+            # One client per task: a late task is cancelled with all its clients, so a hanging
+            # client must not take the honest clients packed with it.
+            return num_clients
         if self.seconds_per_client is None:  # first rounds: nothing measured yet
             return min(num_clients, self.parallel_slots)
         worth = int(num_clients * self.seconds_per_client / self.MIN_TASK_SECONDS)
