@@ -51,6 +51,17 @@ INLINE_PAYLOAD_BYTES = 100 * 1024
 
 def disconnect() -> None:
     ray.shutdown()
+    end_loopback_only()
+
+
+def end_loopback_only() -> None:
+    """Undo `loopback_only`: a later Ray of this process (a cluster it joins) is not local."""
+    if _RESTORE_LOCAL_ONLY:
+        from ray._private import ray_constants
+
+        previous = _RESTORE_LOCAL_ONLY.pop()
+        os.environ.pop(LOCAL_ONLY_ENV, None)
+        ray_constants.ENABLE_RAY_CLUSTER = previous
 
 
 def connect(
@@ -76,6 +87,7 @@ def connect(
         except (ConnectionError, TimeoutError) as error:
             raise RaysimError(_unreachable(address, error)) from None
     else:
+        loopback_only(runtime)
         context = ray.init(
             num_cpus=runtime.num_cpus,
             include_dashboard=include_dashboard,
@@ -87,7 +99,56 @@ def connect(
     url = getattr(context, "dashboard_url", None)
     if url:
         print(f"Ray dashboard: http://{url}", flush=True)
+    check_token_file()
     return True
+
+
+# Ray's switch for a local-only Ray (its default on macOS and Windows): the node's address is
+# the loopback one, and every server Ray starts (GCS, raylet, object manager, workers, the
+# dashboard agent, the runtime-env agent, the Prometheus metrics endpoints) binds to it. On
+# Linux Ray binds them to the machine's routable address; `_node_ip_address="127.0.0.1"` is
+# mapped back to that address (services.resolve_ip_for_localhost), and the metrics endpoints
+# answered anyone with the run's name, losses and the host's process list. Ray offers no
+# other setting for this.
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_only(runtime: RuntimeConfig) -> bool:
+    """Make the Ray that raysim is about to start on this machine listen on 127.0.0.1 only,
+    unless the user asked otherwise (the variable set, or a dashboard_host that is not a
+    loopback address). True if it will."""
+    if os.environ.get(LOCAL_ONLY_ENV) is not None:
+        return os.environ[LOCAL_ONLY_ENV] == "0"
+    if runtime.dashboard_host not in ("127.0.0.1", "localhost", "::1"):
+        return False
+    os.environ[LOCAL_ONLY_ENV] = "0"  # for Ray's processes (they read it when they start)
+    from ray._private import ray_constants
+
+    _RESTORE_LOCAL_ONLY.append(ray_constants.ENABLE_RAY_CLUSTER)
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this process read it when ray was imported
+    return True
+
+
+_RESTORE_LOCAL_ONLY: list[bool] = []  # what disconnect() puts back
+
+
+def check_token_file() -> None:
+    """One line if Ray's token file (~/.ray/auth_token) can be read by others: whoever reads
+    it may use the cluster (Ray writes it 0644)."""
+    import stat
+
+    path = Path.home() / ".ray" / "auth_token"
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        print(
+            f"raysim: warning: Ray's token file {path} is readable by other users (mode "
+            f"{stat.S_IMODE(mode):o}); whoever reads it may use this Ray: chmod 600 {path}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _unreachable(address: str, reason: object) -> str:
@@ -547,8 +608,13 @@ class ServerActor:
                     self.nodes[node_id] += 1
                     finished[int(client_ids[0])] = updates
                     compute_s += task_s
-                    if starting_workers:  # a worker is up: from now on the deadline holds
-                        deadline = min(deadline, time.perf_counter() + self.deadline_s)
+                    if deadline is not None:
+                        # A worker is up (the start allowance ends), and every update gives the
+                        # clients still pending deadline_s more: clients queued behind others
+                        # for a slot are not late, a hanging one is once nothing else arrives
+                        # (a fixed cut lost honest clients queued on a loaded machine).
+                        following = time.perf_counter() + self.deadline_s
+                        deadline = (min if starting_workers else max)(deadline, following)
                         starting_workers = False
             while keys and keys[0] in finished:  # fold in client-id order
                 key = heapq.heappop(keys)
