@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -93,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_arguments(compare)
     compare.add_argument("--out", help="output folder (default: runs/compare-NAME-TIMESTAMP)")
     compare.add_argument("--address", help="join a Ray cluster ('auto' or ray://host:port)")
+    compare.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report of the sweeps and re-runs already in --out (trains nothing)",
+    )
 
     partition = commands.add_parser("partition", help="show a config's client split")
     _add_config_arguments(partition)
@@ -106,8 +113,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _thread_storage_errors(hook_args) -> None:
+    """A writer thread's storage fault (TensorBoard's event writer, on a deleted or full --out)
+    is one line, as the main thread's; anything else keeps Python's traceback."""
+    error = hook_args.exc_value
+    if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS and error.filename:
+        name = getattr(hook_args.thread, "name", "a thread")
+        print(
+            f"raysim: error: storage ({name}): {os.fsdecode(error.filename)}: {error.strerror}",
+            file=sys.stderr,
+        )
+        return
+    _PYTHON_THREAD_HOOK(hook_args)
+
+
+_PYTHON_THREAD_HOOK = threading.excepthook
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    threading.excepthook = _thread_storage_errors
     try:
         return _dispatch(args)
     except RaysimError as error:
@@ -119,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A full disk, a read-only or deleted --out: one line naming the path (the newest
         # checkpoint is intact: checkpoints are written to a temp file and renamed).
         hint = _resume_hint(getattr(args, "run_dir", None))
-        print(f"raysim: error: storage: {error.filename}: {error.strerror}{hint}", file=sys.stderr)
+        path = os.fsdecode(error.filename)
+        print(f"raysim: error: storage: {path}: {error.strerror}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as stop:
         from raysim.interrupts import Terminated
@@ -224,6 +250,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         comparison = compare.load_comparison(args.config, args.overrides)
         stem = Path(args.config).stem
+        if args.report_only:
+            if not args.out:
+                raise RaysimError(
+                    "raysim compare --report-only needs --out (the comparison's folder)"
+                )
+            compare.report_from_folders(comparison, args.out)
+            return 0
         out = args.out or f"runs/compare-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         compare.run_comparison(comparison, out, address=args.address)
         return 0

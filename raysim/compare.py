@@ -308,6 +308,62 @@ def run_comparison(
     return report
 
 
+def report_from_folders(comparison: Comparison, out_dir: str | Path) -> dict[str, Any]:
+    """The report of a comparison whose sweeps and re-runs are already in `out_dir` (e.g. to
+    redraw it, or after a run stopped between methods): each method's tuning from its
+    OUT/METHOD/tune/tune_results.csv, its re-runs' summary.json files. Nothing is trained."""
+    import csv
+
+    out_dir = Path(out_dir)
+    results: dict[str, Any] = {}
+    for method in comparison.methods:
+        table = out_dir / method.name / "tune" / "tune_results.csv"
+        if not table.is_file():
+            raise RaysimError(f"method {method.name}: no sweep results at {table}")
+        with table.open(newline="") as handle:
+            rows = [row for row in csv.DictReader(handle) if row.get("status") == "completed"]
+        scored = [row for row in rows if row.get(comparison.metric) not in (None, "")]
+        if not scored:
+            raise RaysimError(f"{table}: no completed trial has {comparison.metric}")
+        pick = max if comparison.mode == "max" else min
+        best = pick(scored, key=lambda row: float(row[comparison.metric]))
+        params = {}
+        for domain in method.spec.space:
+            text = best[domain.key]
+            params[domain.key] = int(text) if domain.kind == "randint" else _number(text)
+        runs: dict[str | None, dict[int, Any]] = {}
+        for scenario in comparison.scenarios:
+            runs[scenario] = {}
+            for seed in comparison.seeds:
+                path = method.run_dir(out_dir, scenario, seed) / "summary.json"
+                if not path.is_file():
+                    raise RaysimError(f"method {method.name}: re-run missing: {path}")
+                runs[scenario][seed] = json.loads(path.read_text())
+        results[method.name] = {
+            "best_params": params,
+            "best_validation": float(best[comparison.metric]),
+            "trials": len(rows),
+            "runs": runs,
+        }
+    report = _report(comparison, results)
+    (out_dir / "comparison.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
+    (out_dir / "comparison.md").write_text(report["table"] + "\n")
+    _plot(comparison, out_dir, out_dir / "comparison.png")
+    print(report["table"], flush=True)
+    print(f"\nwrote {out_dir / 'comparison.md'}, comparison.json and comparison.png", flush=True)
+    return report
+
+
+def _number(text: str) -> Any:
+    """A CSV cell back to the value a choice/uniform domain sampled (int, float or text)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
 def _report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str, Any]:
     """Per method (and scenario): each report metric's mean ± std over seeds with the per-seed
     values, and the first metric's ratio to the reference method's, paired by seed (under the

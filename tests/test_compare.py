@@ -12,7 +12,7 @@ import yaml
 from conftest import DIGITS_CONFIG
 from PIL import Image
 
-from raysim.compare import load_comparison, run_comparison
+from raysim.compare import load_comparison, report_from_folders, run_comparison
 from raysim.errors import ConfigError
 
 SHARED = [
@@ -117,6 +117,12 @@ def test_every_method_gets_the_same_budget_and_the_report_traces_to_the_runs(ray
     assert "| fedavg |" in (out / "comparison.md").read_text()
     with Image.open(out / "comparison.png") as image:
         image.verify()
+    # the report again from the folders alone (raysim compare --report-only): the same table
+    table = (out / "comparison.md").read_text()
+    (out / "comparison.md").unlink()
+    again = report_from_folders(load_comparison(_spec(tmp_path)), out)
+    assert again["table"] == report["table"]
+    assert (out / "comparison.md").read_text() == table
 
 
 @pytest.mark.parametrize(
