@@ -118,21 +118,30 @@ def _thread_storage_errors(hook_args) -> None:
     is one line, as the main thread's; anything else keeps Python's traceback."""
     error = hook_args.exc_value
     if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS and error.filename:
-        name = getattr(hook_args.thread, "name", "a thread")
-        print(
-            f"raysim: error: storage ({name}): {os.fsdecode(error.filename)}: {error.strerror}",
-            file=sys.stderr,
-        )
+        # said when main() ends, unless the main thread met the same path (one line, then)
+        _THREAD_STORAGE_ERRORS[os.fsdecode(error.filename)] = error.strerror
         return
     _PYTHON_THREAD_HOOK(hook_args)
 
 
 _PYTHON_THREAD_HOOK = threading.excepthook
+_THREAD_STORAGE_ERRORS: dict[str, str] = {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     threading.excepthook = _thread_storage_errors
+    reported: list[str] = []
+    try:
+        return _main(argv, reported)
+    finally:
+        for path, reason in _THREAD_STORAGE_ERRORS.items():
+            if path not in reported:
+                print(f"raysim: error: storage: {path}: {reason}", file=sys.stderr)
+        _THREAD_STORAGE_ERRORS.clear()
+
+
+def _main(argv: Sequence[str] | None, reported: list[str]) -> int:
+    args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
     except RaysimError as error:
@@ -145,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # checkpoint is intact: checkpoints are written to a temp file and renamed).
         hint = _resume_hint(getattr(args, "run_dir", None))
         path = os.fsdecode(error.filename)
+        reported.append(path)
         print(f"raysim: error: storage: {path}: {error.strerror}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as stop:
