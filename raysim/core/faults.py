@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from raysim.errors import RaysimError
+
 _FAULTS = 0xFA17  # purpose word: keeps the fault streams apart from every other stream
 
 EXCEPTION, EXIT = "exception", "exit"
@@ -50,6 +52,41 @@ class InjectedClientFailure(RuntimeError):
 
     def __reduce__(self):  # picklable with its fields (crosses Ray's process boundary)
         return type(self), (self.client_id, self.round_index, self.attempt, self.kind)
+
+
+class CapacityLost(RaysimError):
+    """No node of the cluster could run a client task for LOST_CAPACITY_S: the round loop
+    checkpoints the last finished round and stops with one line (raysim.runtime.ray_backend)."""
+
+
+# How long a round waits while no live node has the resources of one client task (its CPUs,
+# its GPUs) before the run stops: long enough for a node to restart or an autoscaler to add one.
+LOST_CAPACITY_S = 120.0
+
+
+class CapacityWatch:
+    """Time without a node that can run a client task; CapacityLost once it passes limit_s."""
+
+    def __init__(self, cpus: float, gpus: float, limit_s: float = LOST_CAPACITY_S) -> None:
+        self.cpus, self.gpus, self.limit_s = float(cpus), float(gpus), float(limit_s)
+        self.since: float | None = None
+
+    def check(self, nodes: list[dict], now: float) -> None:
+        """`nodes`: ray.nodes()'s entries (Alive, Resources: the node's total resources)."""
+        alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+        if any(r.get("CPU", 0.0) >= self.cpus and r.get("GPU", 0.0) >= self.gpus for r in alive):
+            self.since = None
+            return
+        self.since = now if self.since is None else self.since
+        if now - self.since < self.limit_s:
+            return
+        needs = f"{self.cpus:g} CPU" + (f" and {self.gpus:g} GPU" if self.gpus else "")
+        most = max((r.get("CPU", 0.0) for r in alive), default=0.0)
+        raise CapacityLost(
+            f"no live node of the Ray cluster can run a client task (it needs {needs}; "
+            f"{len(alive)} live node(s), the most CPUs on one: {most:g}) for "
+            f"{self.limit_s:g} s: add a node with CPUs (or lower clients.num_cpus) and resume"
+        )
 
 
 class ServerLost(Exception):

@@ -29,7 +29,7 @@ from raysim.config import Config
 from raysim.core.algorithm import RunContext
 from raysim.core.backend import check_backend
 from raysim.core.best_so_far import BestSoFar
-from raysim.core.faults import ServerLost
+from raysim.core.faults import CapacityLost, ServerLost
 from raysim.core.sampling import (
     attacker_pool,
     sample_clients,
@@ -459,6 +459,19 @@ def run(
                 recover(rounds_done)
         return call()
 
+    def _stop_without_capacity(error: CapacityLost, rounds_done: int) -> str:
+        """The one line of a run stopped for lack of capacity, after checkpointing its last
+        finished round (the server still holds it: a round changes the state only at its
+        end; not with a client-state store, which the stopped round's clients may have
+        written)."""
+        saved = ""
+        if rounds_done and backend.ctx.client_state is None:
+            state = with_server(backend.get_state, rounds_done)
+            if state.round == rounds_done:
+                outputs.save_checkpoint(state, data_shape)
+                saved = f"; checkpoint of round {rounds_done} written"
+        return f"{error}{saved}; continue with: raysim run --resume {out_dir}"
+
     next_info = None
     idle: list[dict[str, Any]] = []  # records of the latest rounds in a row that trained nothing
     started = time.perf_counter()
@@ -476,10 +489,13 @@ def run(
                 or round_index + 1 in config.run.eval_at
             )
             restarts["round"] = restarts["replayed"] = 0
-            stats = with_server(
-                lambda: backend.run_round(info, evaluate, next_info),  # noqa: B023
-                round_index,
-            )
+            try:
+                stats = with_server(
+                    lambda: backend.run_round(info, evaluate, next_info),  # noqa: B023
+                    round_index,
+                )
+            except CapacityLost as error:
+                raise RaysimError(_stop_without_capacity(error, round_index)) from None
             round_s = time.perf_counter() - round_started
             round_times.append(round_s)
             for key in totals:

@@ -28,7 +28,7 @@ from raysim import registry
 from raysim.config import RuntimeConfig
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import chunk_clients, single_class_of_clients, train_clients
-from raysim.core.faults import FaultPlan, InjectedClientFailure, ServerLost
+from raysim.core.faults import CapacityWatch, FaultPlan, InjectedClientFailure, ServerLost
 from raysim.core.server import Server, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
@@ -385,6 +385,9 @@ def _train_with_bundle(
     return updates, time.perf_counter() - started
 
 
+# How often a round waiting for client tasks checks that a node can still run them.
+CAPACITY_CHECK_S = 5.0
+
 # The most a round's deadline is extended while that round starts client workers.
 WORKER_START_ALLOWANCE_S = 60.0
 
@@ -435,6 +438,7 @@ class ServerActor:
             num_cpus=clients.num_cpus, num_gpus=num_gpus, max_retries=0, retry_exceptions=False
         )
         self.task_cpus, self.task_gpus = clients.num_cpus, num_gpus
+        self.capacity = CapacityWatch(clients.num_cpus, num_gpus)
         self.faults = FaultPlan.from_config(ctx.config)
         self.max_retries = clients.max_retries
         # Tasks for a round whose clients failed inside this actor (_run_round_here).
@@ -580,8 +584,16 @@ class ServerActor:
                 submit(rest, rest_attempts)
 
         while pending:
-            timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            # Woken every CAPACITY_CHECK_S to see that some live node can still run a client
+            # task (CapacityWatch): losing the last node with CPUs hung a run forever.
+            timeout = CAPACITY_CHECK_S
+            if deadline is not None:
+                timeout = min(timeout, max(0.0, deadline - time.perf_counter()))
             done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not done and (deadline is None or time.perf_counter() < deadline):
+                self.capacity.check(ray.nodes(), time.perf_counter())
+                continue
+            self.capacity.since = None
             if not done:  # the round's deadline passed: cancel what runs, drop its clients
                 for ref in pending:
                     ray.cancel(ref, force=True)  # ends the worker (see __init__)
