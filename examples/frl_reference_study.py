@@ -104,8 +104,9 @@ def curve(folder: Path, up_to: int | None = None) -> dict[int, float]:
 def mean_std(values: list[float]) -> str:
     if not values:
         return "n/a"
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.fmean(values):.1f} ± {100 * spread:.1f}"
+    if len(values) == 1:  # one seed has no spread to report
+        return f"{100 * values[0]:.1f}"
+    return f"{100 * statistics.fmean(values):.1f} ± {100 * statistics.stdev(values):.1f}"
 
 
 def report(args: argparse.Namespace) -> dict:
@@ -127,8 +128,9 @@ def report(args: argparse.Namespace) -> dict:
     header = " | ".join(f"{f:.0%} malicious" for f in args.fractions)
     lines = [
         f"Test accuracy (%) after {args.rounds} rounds, evaluated every {args.eval_every} "
-        "rounds; mean ± std over the seeds given per cell. Each cell: final / best so far "
-        "(the reference's printed metric, here over the evaluated rounds).",
+        "rounds; mean ± std (ddof 1) over the seeds given per cell, the value itself for one "
+        "seed. Each cell: final / best so far (the reference's printed metric, here over the "
+        "evaluated rounds).",
         "",
         f"| method | {header} |",
         "| --- |" + " --- |" * len(args.fractions),
@@ -138,10 +140,11 @@ def report(args: argparse.Namespace) -> dict:
         for fraction in args.fractions:
             cell = cells[(method, fraction)]
             if not cell["seeds"]:
-                row.append("not run")
+                row.append(f"not reached round {args.rounds}")
                 continue
-            seeds = ",".join(map(str, cell["seeds"]))
-            row.append(f"{mean_std(cell['final'])} / {mean_std(cell['best'])} (seeds {seeds})")
+            seeds = ", ".join(map(str, cell["seeds"]))
+            label = "seed" if len(cell["seeds"]) == 1 else "seeds"
+            row.append(f"{mean_std(cell['final'])} / {mean_std(cell['best'])} ({label} {seeds})")
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     lines += ["", "Per seed, final (best so far):", ""]
     for (method, fraction), cell in cells.items():
