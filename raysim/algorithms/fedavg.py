@@ -21,7 +21,7 @@ from torch import nn
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
-from raysim.core.training import LR_SCHEDULES, fresh_sgd, local_training, scheduled_lr
+from raysim.core.training import check_lr_options, fresh_sgd, local_training, scheduled_lr
 from raysim.metrics import evaluate_classifier
 from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
 from raysim.runtime.devices import autocast, client_device, server_device
@@ -51,13 +51,7 @@ class DeltaAveraging:
 
         if proximal_mu < 0:
             raise ConfigError(f"'algorithm.mu' must be >= 0, got {proximal_mu}")
-        if not 0 < lr_decay <= 1:
-            raise ConfigError(f"'algorithm.lr_decay' must be in (0, 1], got {lr_decay}")
-        if lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(
-                f"'algorithm.lr_schedule' must be one of {', '.join(LR_SCHEDULES)}, "
-                f"got {lr_schedule!r}"
-            )
+        check_lr_options(lr_decay, lr_schedule)
         self.proximal_mu = float(proximal_mu)
         self.mixed_precision = bool(mixed_precision)
         self.lr_decay = float(lr_decay)

@@ -42,7 +42,13 @@ from raysim.core.codecs import VectorLayout
 from raysim.core.rankcodec import pack, unpack
 from raysim.core.sampling import model_init_seed
 from raysim.core.state import ClientUpdate, ServerState
-from raysim.core.training import LR_SCHEDULES, fresh_sgd, local_training, scheduled_lr, set_lr
+from raysim.core.training import (
+    check_lr_options,
+    fresh_sgd,
+    local_training,
+    scheduled_lr,
+    set_lr,
+)
 from raysim.errors import ConfigError
 from raysim.metrics import evaluate_classifier
 from raysim.models.supermask import WEIGHT_INITS, Supernet, cached_supernet
@@ -177,17 +183,11 @@ class FRL:
     ) -> None:
         if not 0 < k <= 1:
             raise ConfigError(f"'algorithm.k' must be in (0, 1] (fraction of edges kept), got {k}")
-        if not 0 < lr_decay <= 1:
-            raise ConfigError(f"'algorithm.lr_decay' must be in (0, 1], got {lr_decay}")
+        check_lr_options(lr_decay, lr_schedule)
         if weight_init not in WEIGHT_INITS:
             raise ConfigError(
                 f"unknown 'algorithm.weight_init' {weight_init!r}; "
                 f"choices: {', '.join(WEIGHT_INITS)}"
-            )
-        if lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(
-                f"'algorithm.lr_schedule' must be one of {', '.join(LR_SCHEDULES)}, "
-                f"got {lr_schedule!r}"
             )
         self.k = float(k)
         self.mask_by_abs = bool(mask_by_abs)

@@ -117,6 +117,18 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 LR_SCHEDULES = ("constant", "cosine_steps", "cosine_epochs")
 
 
+def check_lr_options(lr_decay: float, lr_schedule: str) -> None:
+    """The `algorithm.lr_decay` / `algorithm.lr_schedule` options of a method: one line each."""
+    from raysim.errors import ConfigError
+
+    if not 0 < lr_decay <= 1:
+        raise ConfigError(f"'algorithm.lr_decay' must be in (0, 1], got {lr_decay}")
+    if lr_schedule not in LR_SCHEDULES:
+        raise ConfigError(
+            f"'algorithm.lr_schedule' must be one of {', '.join(LR_SCHEDULES)}, got {lr_schedule!r}"
+        )
+
+
 def scheduled_lr(
     schedule: str, base_lr: float, step: int, *, steps_per_epoch: int, epochs: int
 ) -> float:

@@ -342,7 +342,9 @@ def load_synthetic_classification(
 # --- MNIST (torchvision layout, idx files) ------------------------------------------------------
 
 
-def _find_file(directory: str, filename: str, name: str, root: str) -> str:
+def _find_file(directory: str, filename: str, name: str, root: str, how: str | None = None) -> str:
+    """`filename` or `filename.gz` in `directory`; `how`: how to obtain it (default: the
+    torchvision layout's advice for `name`)."""
     candidates = [os.path.join(directory, file) for file in (filename, filename + ".gz")]
     for path in candidates:
         if os.path.isfile(path):
@@ -352,7 +354,7 @@ def _find_file(directory: str, filename: str, name: str, root: str) -> str:
             return path
     raise DataError(
         f"dataset '{name}': file not found: {os.path.join(directory, filename)} (or .gz); "
-        f"{tv.how_to_obtain(name, root)}"
+        f"{how or tv.how_to_obtain(name, root)}"
     )
 
 

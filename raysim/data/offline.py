@@ -34,6 +34,7 @@ from raysim.data import torchvision_adapter as tv
 from raysim.data.datasets import (
     _GZIP_MAX_RATIO,
     Dataset,
+    _find_file,
     _float_option,
     _int_option,
     _normalise,
@@ -151,16 +152,7 @@ def _fashion_folder(root: str | None) -> str:
 
 
 def _idx_file(folder: str, filename: str) -> str:
-    candidates = [os.path.join(folder, filename + ending) for ending in ("", ".gz")]
-    for path in candidates:
-        if os.path.isfile(path):
-            return path
-    for path in candidates:
-        if os.path.lexists(path):  # a FIFO, folder, ... there: the reader refuses it by name
-            return path
-    raise DataError(
-        f"dataset 'fashion_mnist': file not found: {candidates[0]} (or .gz); {_FASHION_HOW}"
-    )
+    return _find_file(folder, filename, "fashion_mnist", folder, how=_FASHION_HOW)
 
 
 def _fashion_split(folder: str, split: str) -> tuple[np.ndarray, np.ndarray]:
