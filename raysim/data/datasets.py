@@ -411,10 +411,9 @@ def _read_idx(path: str, expected_dims: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8).reshape(shape)
 
 
-def _load_mnist_split(directory: str, split: str, root: str) -> tuple[np.ndarray, np.ndarray]:
-    image_name, label_name = tv.MNIST_FILES[split]
-    image_path = _find_file(directory, image_name, "mnist", root)
-    label_path = _find_file(directory, label_name, "mnist", root)
+def read_idx_images(image_path: str, label_path: str) -> tuple[np.ndarray, np.ndarray]:
+    """28x28 uint8 images and their int64 labels from a pair of idx files (MNIST's format),
+    checked to match."""
     images = _read_idx(image_path, 3)
     labels = _read_idx(label_path, 1).astype(np.int64)
     if images.shape[1:] != (28, 28):
@@ -423,6 +422,14 @@ def _load_mnist_split(directory: str, split: str, root: str) -> tuple[np.ndarray
         raise DataError(
             f"{image_path} has {len(images)} images but {label_path} has {len(labels)} labels"
         )
+    return images, labels
+
+
+def _load_mnist_split(directory: str, split: str, root: str) -> tuple[np.ndarray, np.ndarray]:
+    image_name, label_name = tv.MNIST_FILES[split]
+    image_path = _find_file(directory, image_name, "mnist", root)
+    label_path = _find_file(directory, label_name, "mnist", root)
+    images, labels = read_idx_images(image_path, label_path)
     if len(labels) and labels.max() > 9:
         raise DataError(f"{label_path}: label {labels.max()} is out of range [0, 10)")
     x = _normalise(images[:, None, :, :], tv.MNIST_MEAN, tv.MNIST_STD)

@@ -38,8 +38,8 @@ from raysim.data.datasets import (
     _float_option,
     _int_option,
     _normalise,
-    _read_idx,
     open_regular_file,
+    read_idx_images,
 )
 from raysim.errors import ConfigError, DataError
 
@@ -157,14 +157,7 @@ def _idx_file(folder: str, filename: str) -> str:
 
 def _fashion_split(folder: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     image_path, label_path = (_idx_file(folder, name) for name in FASHION_MNIST_FILES[split])
-    images = _read_idx(image_path, 3)
-    labels = _read_idx(label_path, 1).astype(np.int64)
-    if images.shape[1:] != (28, 28):
-        raise DataError(f"{image_path}: images are {images.shape[1:]}, expected 28x28")
-    if len(images) != len(labels):
-        raise DataError(
-            f"{image_path} has {len(images)} images but {label_path} has {len(labels)} labels"
-        )
+    images, labels = read_idx_images(image_path, label_path)
     if len(labels) == 0:
         raise DataError(f"{label_path}: the file holds no labels")
     if labels.max() > 9:
