@@ -71,7 +71,7 @@ def theta_checksum(_: int = 0) -> float:
 
 def run_half(system: str, round_index: int, token: int, client_ids, rows) -> tuple:
     """One worker's half of a round's clients through `system`; (result, seconds)."""
-    from raysim.algorithms.class_embedding import Broadcast, ClassRow
+    from raysim.algorithms.fedaws_wire import Broadcast, ClassRow
 
     worker = _WORKER
     dataset, split, ctx = worker["dataset"], worker["split"], worker["ctx"]

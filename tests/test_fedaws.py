@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from raysim import config as config_module
-from raysim.algorithms.class_embedding import Broadcast
+from raysim.algorithms.fedaws_wire import Broadcast
 from raysim.algorithms.fedaws import FedAwS, positive_loss
 from raysim.core.clients import single_class_of_clients, train_clients
 from raysim.core.fixed_point import to_fixed

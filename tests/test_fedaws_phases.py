@@ -13,7 +13,7 @@ import torch
 
 from raysim import config as config_module
 from raysim import metrics
-from raysim.algorithms import fedaws as fedaws_module
+from raysim.algorithms import fedaws_fast as fedaws_module
 from raysim.algorithms import spreadout
 from raysim.algorithms.class_embedding import ClassEmbeddingMethod, normalize_rows
 from raysim.core import server_optimizers

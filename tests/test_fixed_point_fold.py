@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.algorithms.class_embedding import _Reducer
+from raysim.algorithms.fedaws_reduce import TaskReducer as _Reducer
 from raysim.core.fixed_point import (
     EXACT_FLOAT64,
     FIXED_LIMIT,
@@ -126,7 +126,7 @@ def test_a_client_dense_delta_is_folded_where_it_lies_and_is_refused_once_stale(
     the worker model moved on to the next client it raises instead of giving that client's
     values."""
     from raysim import config as config_module
-    from raysim.algorithms.class_embedding import DenseDelta
+    from raysim.algorithms.fedaws_wire import DenseDelta
     from raysim.core.clients import single_class_of_clients
     from raysim.core.loop import load_dataset, run_context, split_clients
     from raysim.core.sampling import client_generator

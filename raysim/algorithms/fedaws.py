@@ -19,8 +19,10 @@ Baselines, same code: Baseline-1 `spreadout: none` (positive loss only; the clas
 collapse), Baseline-2 `train_class_embeddings: false` (W frozen at its random init). The
 Softmax oracle `fedaws_softmax` (every client sees all of W and trains a full softmax; W is
 averaged like theta) is in raysim.algorithms.fedaws_softmax; what both share (the worker-side
-model, local training, the exact fixed-point reduction of a task's clients, evaluation) is in
-raysim.algorithms.class_embedding.
+model, local training, evaluation) is in raysim.algorithms.class_embedding, what a client sends
+in raysim.algorithms.fedaws_wire and how a task's clients are folded in
+raysim.algorithms.fedaws_reduce. This module is the reference server step; the same numbers
+written in place, for Amazon-670K scale, are in raysim.algorithms.fedaws_fast.
 """
 
 from __future__ import annotations
@@ -28,116 +30,35 @@ from __future__ import annotations
 import math
 import time
 import uuid
-import weakref
 
 import numpy as np
 import torch
 
+from raysim.algorithms import spreadout as reg
 from raysim.algorithms.class_embedding import (
-    Broadcast,
     ClassEmbeddingMethod,
-    ClassRow,
-    forget_payload,
+    next_state,
     normalize_rows,
+    returned_class_rows,
 )
+from raysim.algorithms.fedaws_fast import InPlaceServerUpdate, evaluate_class_embeddings
+from raysim.algorithms.fedaws_wire import Broadcast, ClassRow, theta_message
+from raysim.algorithms.spreadout import DISTANCES
 from raysim.config import MAX_LEARNING_RATE
-from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
-from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.errors import ConfigError
 from raysim.index.base import server_threads
-from raysim.metrics import mean_pairwise_cosine, top_k_classes
-from raysim.metrics_xml import precision_at_k
-from raysim.models.layout import layout_of
-from raysim.models.vector import build_model, cached_model, set_vector
+from raysim.models.vector import build_model
 from raysim.runtime.devices import server_device, to_numpy
 
 SPREADOUT_MODES = ("topk", "full", "none")
-DISTANCES = ("cosine", "euclidean")
 # The spreadout step is lambda x spreadout_lr x gradient; beyond these the class rows turn
 # inf/NaN at the first step and every round's aggregate is refused (the paper uses lambda 10).
 MAX_LAMBDA = 1e6
 # Distances between unit rows are at most 2: a margin past 1e3 only makes the squared hinge
 # (nu - d)^2 overflow, it cannot separate classes further.
 MAX_NU = 1e3
-
-
-_ROW_BLOCK = 4096  # class rows re-normalised (float64 inside) or copied at a time
-
-
-def _row_blocks(count: int, threads: int, body) -> None:
-    """body(rows) for blocks of at most _ROW_BLOCK rows of [0, count), on `threads` threads.
-    Blocks touch disjoint rows and each row's arithmetic is its own (per-row operations), so
-    the result is the same for any blocks and threads."""
-    blocks = [slice(lo, min(count, lo + _ROW_BLOCK)) for lo in range(0, count, _ROW_BLOCK)]
-    if threads <= 1 or len(blocks) < 2:
-        for block in blocks:
-            body(block)
-        return
-    from concurrent.futures import ThreadPoolExecutor  # numpy releases the GIL
-
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(body, blocks))
-
-
-def step_rows_in_place(
-    classes: np.ndarray, ids: np.ndarray, grad_rows: np.ndarray, step: float, threads: int
-) -> bool:
-    """grad_rows <- normalize_rows(classes[ids] - step * grad_rows), block by block (the same
-    float32 / float64 operations on every element as on the whole arrays, without their
-    full-size float64 copies); returns whether every new row is finite."""
-    finite = []
-
-    def body(block: slice) -> None:
-        rows = classes[ids[block]]
-        rows -= step * grad_rows[block]
-        grad_rows[block] = normalize_rows(rows)
-        finite.append(bool(np.isfinite(grad_rows[block]).all()))
-
-    _row_blocks(len(ids), threads, body)
-    return all(finite)
-
-
-def write_rows(classes: np.ndarray, ids: np.ndarray, rows: np.ndarray, threads: int) -> None:
-    """classes[ids] = rows for distinct ids, block by block."""
-
-    def body(block: slice) -> None:
-        classes[ids[block]] = rows[block]
-
-    _row_blocks(len(ids), threads, body)
-
-
-def evaluate_class_embeddings(method, state: ServerState, x, y, ctx: RunContext) -> dict:
-    """ClassEmbeddingMethod.evaluate's numbers (P@1/3/5 or accuracy, and the mean pairwise
-    cosine of W), bit for bit, on every CPU the process may use and without its full-size
-    intermediates: the scores of each batch of 512 points against all classes are taken a
-    block of classes at a time (raysim.metrics.top_k_classes; ties are broken exactly as
-    before), and the cosine's float64 sums run over blocks of W instead of a float64 copy
-    (raysim.metrics.mean_pairwise_cosine). On a GPU it is the direct computation."""
-    device = server_device(ctx)
-    if device.type != "cpu":
-        return ClassEmbeddingMethod.evaluate(method, state, x, y, ctx)
-    with server_threads():
-        model = cached_model(ctx, device)
-        set_vector(model, state.arrays["params"])
-        forget_payload(model)
-        weights = state.arrays["class_embeddings"]
-        classes = torch.from_numpy(weights)
-        count = min(len(x), method.eval_max_points)
-        tops = []
-        model.eval()
-        with torch.no_grad():
-            for start in range(0, count, 512):
-                batch = torch.from_numpy(np.array(x[start : min(count, start + 512)]))
-                tops.append(to_numpy(top_k_classes(model(batch.to(device)), classes, 5)))
-        model.train()
-        top = np.concatenate(tops) if tops else np.zeros((0, 5), dtype=np.int64)
-        result = precision_at_k(top, np.asarray(y[:count]))
-        if np.asarray(y).ndim == 1:
-            result = {"accuracy": result["p@1"], **result}
-        result["class_cosine_mean"] = mean_pairwise_cosine(weights)
-        return result
 
 
 def positive_loss(embeddings: torch.Tensor, row: torch.Tensor, margin: float) -> torch.Tensor:
@@ -147,7 +68,7 @@ def positive_loss(embeddings: torch.Tensor, row: torch.Tensor, margin: float) ->
     return torch.relu(margin - embeddings @ unit_row).pow(2).mean()
 
 
-class FedAwS(ClassEmbeddingMethod):
+class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
     """FedAwS (and its Baseline-1 / Baseline-2 via options); see the module docstring."""
 
     def __init__(
@@ -200,8 +121,6 @@ class FedAwS(ClassEmbeddingMethod):
         self.train_class_embeddings = bool(train_class_embeddings)
         self._index = None
         self._index_round = -1
-        self._delta: np.ndarray | None = None  # theta's delta, reused every round
-        self._peaks: tuple[list, dict] | None = None  # bounds of theta and its slots
 
     evaluate = evaluate_class_embeddings
 
@@ -259,7 +178,7 @@ class FedAwS(ClassEmbeddingMethod):
             ctx,
             lambda embedding, batch: positive_loss(embedding, row, self.positive_margin),
         )
-        message = self._theta_message(model, layout, broadcast, touched, table)
+        message = theta_message(model, layout, broadcast, touched, table)
         if self.train_class_embeddings:
             message["class"] = int(y[0]) if len(y) else -1
             message["row"] = normalize_rows(to_numpy(row)[None, :])[0]
@@ -274,126 +193,35 @@ class FedAwS(ClassEmbeddingMethod):
     def server_update(self, state: ServerState, aggregate: dict, ctx: RunContext):
         """The next state and the seconds of the phases timed here (index_s, spreadout_s).
 
-        theta, its optimizer slots and W's changed rows are updated in place, with the same
-        arithmetic as the copying update (`_copying_update`) on every element, when the new
-        state is certainly finite; otherwise (a user's optimizer, a step that could overflow,
-        spreadout 'full', read-only arrays) the copying update runs and the previous state
-        stays intact for the server to keep if it refuses the new one. The server's phases use
-        every CPU the process may use (raysim.index.base.server_threads)."""
+        theta, its optimizer slots and W's changed rows are updated in place
+        (raysim.algorithms.fedaws_fast), with the same arithmetic as the copying update
+        (`_copying_update`) on every element, when the new state is certainly finite;
+        otherwise (a user's optimizer, a step that could overflow, spreadout 'full', read-only
+        arrays) the copying update runs and the previous state stays intact for the server to
+        keep if it refuses the new one. The server's phases use every CPU the process may use
+        (raysim.index.base.server_threads)."""
         with server_threads():
             result = self._in_place_update(state, aggregate, ctx)
             return result if result is not None else self._copying_update(state, aggregate, ctx)
 
     def _copying_update(self, state: ServerState, aggregate: dict, ctx: RunContext):
+        """The reference server step: theta + server optimizer(weighted mean delta); the
+        returned rows written back (never averaged across classes); one spreadout step."""
         times: dict[str, float] = {}
         params, slots = self._theta_step(state, aggregate, ctx)
         classes = state.arrays["class_embeddings"]
         if self.train_class_embeddings and len(aggregate["class_ids"]):
             classes = classes.copy()
             ids = aggregate["class_ids"]
-            counts = aggregate["class_counts"].astype(np.float64)[:, None]
-            # Rows are written back, never averaged across classes (clients sharing a class
-            # have their returned rows averaged).
-            classes[ids] = normalize_rows(aggregate["class_rows"] / (FIXED_SCALE * counts))
+            classes[ids] = returned_class_rows(aggregate)
             classes = self._spreadout_step(classes, ids, state.round, ctx, times)
-        next_state = ServerState(
-            state.round + 1,
-            {
-                "params": params,
-                "class_embeddings": classes,
-                **server_optimizers.slot_arrays(slots),
-            },
-        )
-        return next_state, times
+        return next_state(state, params, classes, slots), times
 
-    def _in_place_update(self, state: ServerState, aggregate: dict, ctx: RunContext):
-        """`_copying_update`'s result written into the state's own arrays, or None (nothing
-        changed) when that is not certain to give a finite state."""
-        if self.spreadout == "full":  # small C: the dense gradient makes a new W anyway
+    def _spreadout_step_size(self, ctx: RunContext) -> float | None:
+        """lambda x eta of the spreadout step; None when there is none."""
+        if self.spreadout == "none" or self.lambda_ == 0:
             return None
-        theta = state.arrays["params"]
-        slots = server_optimizers.slots_of(state.arrays)
-        classes = state.arrays["class_embeddings"]
-        optimizer = server_optimizers.from_config(ctx.config)
-        threads = torch.get_num_threads()
-        delta, delta_peak = self._theta_delta(theta, aggregate, ctx)
-        peaks = self._known_peaks(theta, slots)
-        if peaks is None:
-            peaks = server_optimizers.peaks_of(theta, slots)
-        after = server_optimizers.in_place_peaks(optimizer, theta, delta, slots, peaks, delta_peak)
-        if after is None:
-            return None
-        times: dict[str, float] = {}
-        ids = aggregate["class_ids"]
-        if self.train_class_embeddings and len(ids):
-            if not (
-                classes.flags.writeable
-                and classes.flags.c_contiguous
-                and classes.dtype == np.float32
-            ):
-                classes = np.array(classes, dtype=np.float32)  # ours from now on
-            counts = aggregate["class_counts"].astype(np.float64)[:, None]
-            rows = normalize_rows(aggregate["class_rows"] / (FIXED_SCALE * counts))
-            if not np.isfinite(rows).all():
-                return None
-            previous = classes[ids]
-            classes[ids] = rows
-            if not self._spreadout_in_place(classes, ids, state.round, ctx, times, threads):
-                classes[ids] = previous  # W as it was; the copying update decides
-                self._index_round = -1  # the index saw rows of this step: rebuild it
-                return None
-        optimizer.step_in_place(theta, delta, slots, threads)
-        self._peaks = ([weakref.ref(a) for a in (theta, *slots.values())], after)
-        next_state = ServerState(
-            state.round + 1,
-            {
-                "params": theta,
-                "class_embeddings": classes,
-                **server_optimizers.slot_arrays(slots),
-            },
-        )
-        return next_state, times
-
-    def _known_peaks(self, theta: np.ndarray, slots: dict) -> dict | None:
-        """The bounds the last in-place step left, if these are the arrays it stepped."""
-        if self._peaks is None:
-            return None
-        refs, peaks = self._peaks
-        arrays = (theta, *slots.values())
-        if len(refs) != len(arrays) or any(r() is not a for r, a in zip(refs, arrays)):  # noqa: B905
-            return None
-        return peaks
-
-    def _theta_delta(self, theta: np.ndarray, aggregate: dict, ctx: RunContext):
-        """`ClassEmbeddingMethod._theta_step`'s delta (the weighted mean theta delta), in a
-        buffer reused every round, and its largest magnitude."""
-        total = float(aggregate["weight"]) * FIXED_SCALE
-        layout = layout_of(cached_model(ctx))
-        if self._delta is None or self._delta.shape != theta.shape:
-            self._delta = np.zeros_like(theta, dtype=np.float32)
-        else:
-            self._delta.fill(0.0)
-        delta = self._delta
-        dense = (aggregate["dense"] / total).astype(np.float32)
-        peak = float(np.max(np.abs(dense))) if dense.size else 0.0
-        if layout.bag is None:
-            delta[:] = dense
-            return delta, peak
-        delta[layout.dense_index] = dense
-        table = delta[layout.bag_offset : layout.bag_offset + layout.bag_rows * layout.bag_width]
-        table = table.reshape(layout.bag_rows, layout.bag_width)
-        ids = aggregate["bag_ids"].astype(np.int64)
-        bag_rows = aggregate["bag_rows"]
-        peaks = []
-
-        def body(block: slice) -> None:
-            rows = (bag_rows[block] / total).astype(np.float32)
-            table[ids[block]] = rows
-            if rows.size:
-                peaks.append(float(np.max(np.abs(rows))))
-
-        _row_blocks(len(ids), torch.get_num_threads(), body)
-        return delta, max([peak, *peaks])
+        return self.lambda_ * (self.spreadout_lr or ctx.config.clients.lr)
 
     def _spreadout_step(
         self,
@@ -403,12 +231,11 @@ class FedAwS(ClassEmbeddingMethod):
         ctx: RunContext,
         times: dict[str, float],
     ) -> np.ndarray:
-        """One spreadout step on the class rows; the phases' seconds go into `times`."""
-        from raysim.algorithms import spreadout as reg
-
-        if self.spreadout == "none" or self.lambda_ == 0:
+        """W <- W - lambda * eta * grad reg(W), changed rows re-normalised; the phases'
+        seconds go into `times`."""
+        step = self._spreadout_step_size(ctx)
+        if step is None:
             return classes
-        step = self.lambda_ * (self.spreadout_lr or ctx.config.clients.lr)
         if self.spreadout == "full":
             started = time.perf_counter()
             _, grad = reg.spreadout_full(classes, self.nu, self.distance, server_device(ctx))
@@ -421,48 +248,13 @@ class FedAwS(ClassEmbeddingMethod):
         classes[grad_ids] = normalize_rows(
             classes[grad_ids] - step * np.asarray(grad_rows, dtype=np.float32)
         )
-        times["spreadout_s"] = time.perf_counter() - started
-        started = time.perf_counter()
-        index.update(grad_ids, classes[grad_ids])  # keep the index equal to W
-        times["index_s"] += time.perf_counter() - started
+        self._sync_index_rows(index, grad_ids, classes[grad_ids], started, times)
         return classes
-
-    def _spreadout_in_place(
-        self,
-        classes: np.ndarray,
-        updated: np.ndarray,
-        round_index: int,
-        ctx: RunContext,
-        times: dict[str, float],
-        threads: int,
-    ) -> bool:
-        """`_spreadout_step` (top-k mining) written into `classes` block by block; False
-        (classes untouched) when a new row would not be finite."""
-
-        if self.spreadout == "none" or self.lambda_ == 0:
-            return True
-        step = self.lambda_ * (self.spreadout_lr or ctx.config.clients.lr)
-        index, grad_rows, grad_ids, started = self._mined_gradient(
-            classes, updated, round_index, ctx, times
-        )
-        rows = np.asarray(grad_rows, dtype=np.float32)  # becomes the new rows, block by block
-        if not rows.flags.writeable:
-            rows = rows.copy()
-        if not step_rows_in_place(classes, grad_ids, rows, step, threads):
-            return False
-        write_rows(classes, grad_ids, rows, threads)
-        times["spreadout_s"] = time.perf_counter() - started
-        started = time.perf_counter()
-        index.update(grad_ids, rows)  # keep the index equal to W
-        times["index_s"] += time.perf_counter() - started
-        return True
 
     def _mined_gradient(self, classes, updated, round_index: int, ctx: RunContext, times):
         """Top-k negative mining for the updated rows, then the sparse spreadout gradient
         (Eq. 8): (index, gradient rows, their class ids, when the spreadout phase started).
         `times["index_s"]` gets the mining's seconds."""
-        from raysim.algorithms import spreadout as reg
-
         started = time.perf_counter()
         index = self._synced_index(classes, updated, round_index, ctx)
         neighbor_ids, neighbor_nu = reg.mine_negatives(
@@ -474,6 +266,13 @@ class FedAwS(ClassEmbeddingMethod):
             classes, updated, neighbor_ids, neighbor_nu, self.distance, server_device(ctx)
         )
         return index, grad_rows, grad_ids, started
+
+    def _sync_index_rows(self, index, ids, rows, started: float, times) -> None:
+        """The spreadout phase (begun at `started`) ends; the index takes W's new rows."""
+        times["spreadout_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        index.update(ids, rows)  # keep the index equal to W
+        times["index_s"] += time.perf_counter() - started
 
     def _synced_index(self, classes, updated, round_index: int, ctx: RunContext):
         """The nearest-class index, holding exactly `classes` (rebuilt when new or stale).

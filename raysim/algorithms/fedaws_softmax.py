@@ -4,7 +4,7 @@ for the one-class setting.
 Every client gets theta AND all of W and minimises the full softmax cross-entropy over all
 classes (logits = scale * g(x)^T w_c, unit vectors); theta and W are both averaged (FedAvg)
 and stepped by one server optimizer. Shares everything else with FedAwS
-(raysim.algorithms.class_embedding).
+(raysim.algorithms.class_embedding, fedaws_wire, fedaws_reduce, fedaws_fast).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.algorithms.class_embedding import Broadcast, ClassEmbeddingMethod, normalize_rows
-from raysim.algorithms.fedaws import evaluate_class_embeddings
-from raysim.core import server_optimizers
+from raysim.algorithms.class_embedding import ClassEmbeddingMethod, next_state, normalize_rows
+from raysim.algorithms.fedaws_fast import evaluate_class_embeddings
+from raysim.algorithms.fedaws_wire import Broadcast, theta_message
 from raysim.core.algorithm import RunContext
 from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
@@ -83,7 +83,7 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
         mean_loss = self._train_locally(
             model, layout, x, y, local_x, table, generator, optimizer, ctx, softmax_loss
         )
-        message = self._theta_message(model, layout, payload, touched, table)
+        message = theta_message(model, layout, payload, touched, table)
         message["classes"] = to_numpy(classes) - start_classes
         return ClientUpdate(
             client_id=client_id,
@@ -99,11 +99,4 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
         both, slots = self._theta_step(state, aggregate, ctx, extra=(classes, mean_delta))
         params = both[: len(state.arrays["params"])]
         classes = both[len(params) :].reshape(classes.shape)
-        return ServerState(
-            state.round + 1,
-            {
-                "params": params,
-                "class_embeddings": normalize_rows(classes),
-                **server_optimizers.slot_arrays(slots),
-            },
-        )
+        return next_state(state, params, normalize_rows(classes), slots)

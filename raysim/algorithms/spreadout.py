@@ -19,6 +19,8 @@ Distances (rows are L2-normalised by the caller):
                                               gradient is taken as 0)
 
 Inputs may be numpy arrays or torch tensors; results come back in the same kind and dtype.
+The threads and the ordered y-side scatter that make `spreadout_topk` fast at Amazon-670K
+scale, with a sequential computation's numbers, are in raysim.algorithms.spreadout_fast.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from raysim.algorithms.spreadout_fast import add_neighbour_side, in_threads, zeros
 
 DISTANCES = ("cosine", "euclidean")
 _PAIR_CHUNK_ELEMENTS = 1 << 24  # bounds the (classes x k x dim) gathers of spreadout_topk
@@ -75,6 +79,28 @@ def spreadout_full(
     pair = 2.0 * (ratio + ratio.T)
     grad = -(pair.sum(dim=1, keepdim=True) * weights - pair @ weights)
     return value, _like(grad, W)
+
+
+def mine_negatives(
+    index: Any, W: Any, class_ids: Any, k: int, distance: str = "cosine"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stochastic negative mining (Eq. 8): the k nearest classes of each class and nu_c.
+
+    Asks the index (a raysim.index NearestClassIndex over the rows of W) for the top-(k+1) of
+    each class, excluding the class itself; the first k are N_k(c), and nu_c is the distance
+    to the (k+1)-th. Returns (neighbor_ids int64 (q, k), nu (q,) in W's float dtype).
+    """
+    _check_distance(distance)
+    weights = W.detach().cpu().numpy() if isinstance(W, torch.Tensor) else np.asarray(W)
+    classes = np.asarray(class_ids, dtype=np.int64)
+    queries = np.ascontiguousarray(weights[classes], dtype=np.float32)
+    ids, sims = index.search(classes, queries, k + 1)
+    last = sims[:, k].astype(np.float64)
+    if distance == "cosine":
+        nu = 1.0 - last
+    else:
+        nu = np.sqrt(np.maximum(0.0, 2.0 - 2.0 * last))  # ||u - v|| on the unit sphere
+    return ids[:, :k], nu.astype(weights.dtype)
 
 
 def spreadout_topk(
@@ -146,7 +172,7 @@ def spreadout_topk(
         return tuple(t.cpu() for t in (hinge, coef, own_grad, own))  # CPU: no-ops
 
     # chunks are independent: on the CPU they run side by side, one thread each
-    chunks = _in_threads(pair_products, list(range(0, count, step)), threads)
+    chunks = in_threads(pair_products, list(range(0, count, step)), threads)
     weights = weights.cpu()  # the y-side scatter below runs on the CPU (fixed order)
     empty = torch.zeros((0, k), dtype=weights.dtype)
     hinge = torch.cat([c[0] for c in chunks]) if chunks else empty
@@ -156,7 +182,7 @@ def spreadout_topk(
     active = ((hinge > 0) & (coef != 0)).numpy()
     has_active = active.any(axis=1)
     grad_ids = np.unique(np.concatenate([classes[has_active], neighbors[active]]))
-    grad = _zeros((grad_ids.size, dim), weights.dtype)
+    grad = zeros((grad_ids.size, dim), weights.dtype)
     if grad_ids.size == 0:
         return value, _like(grad, W), grad_ids
     # c-side: each updated class is one distinct row
@@ -168,113 +194,7 @@ def spreadout_topk(
     target = np.searchsorted(grad_ids, pair_other)
     pair_coef = coef[torch.from_numpy(pair_class), torch.from_numpy(pair_rank)][:, None]
     own = torch.cat([c[3] for c in chunks])  # the updated classes' rows
-    if grad.dtype in (torch.float32, torch.float64):  # numpy: the same operations, faster
-        grad_, pair_coef_, own_, weights_ = grad.numpy(), pair_coef.numpy(), own.numpy(), None
-        if distance != "cosine":
-            weights_ = weights.numpy()
-
-        def contributions(pairs: np.ndarray) -> np.ndarray:
-            rows = own_[pair_class[pairs]]
-            if distance != "cosine":
-                rows -= weights_[pair_other[pairs]]
-            rows *= pair_coef_[pairs]  # coef * row: the product is the same either way round
-            return rows
-
-        _add_in_order(grad_, target, contributions, threads)
-        return value, _like(grad, W), grad_ids
-    pair_class_t, pair_other_t = torch.from_numpy(pair_class), torch.from_numpy(pair_other)
-
-    def contributions_torch(pairs: np.ndarray) -> torch.Tensor:
-        chosen = torch.from_numpy(pairs)
-        rows = own[pair_class_t[chosen]]
-        if distance == "cosine":
-            return pair_coef[chosen] * rows
-        return pair_coef[chosen] * (rows - weights[pair_other_t[chosen]])
-
-    _add_in_order(grad, target, contributions_torch, threads)
+    add_neighbour_side(
+        grad, target, pair_class, pair_other, pair_coef, own, weights, distance, threads
+    )
     return value, _like(grad, W), grad_ids
-
-
-def _zeros(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
-    """torch.zeros; for float32/64 through numpy, whose zeroed pages cost nothing until they
-    are written (the gradient rows are all written once)."""
-    if dtype in (torch.float32, torch.float64):
-        numpy_dtype = np.float32 if dtype == torch.float32 else np.float64
-        return torch.from_numpy(np.zeros(shape, dtype=numpy_dtype))
-    return torch.zeros(shape, dtype=dtype)
-
-
-def _in_threads(function, items: list, threads: int) -> list:
-    """[function(item) for item in items], on `threads` Python threads that run torch
-    single-threaded (an item's arithmetic is the same on any thread)."""
-    if threads <= 1 or len(items) < 2:
-        return [function(item) for item in items]
-    from concurrent.futures import ThreadPoolExecutor
-
-    from raysim.index.base import server_threads
-
-    with server_threads(1), ThreadPoolExecutor(min(threads, len(items))) as pool:
-        return list(pool.map(function, items))
-
-
-def _add_in_order(grad, target: np.ndarray, contributions, threads: int) -> None:
-    """grad[target[p]] += contributions(p) for every pair p in increasing order, as one
-    sequential index_add_ does it: each row receives its contributions one after another in
-    pair order. Here rows are split among threads (a row's additions stay on one thread, in
-    order) and each thread adds in layers: the j-th contribution of each of its rows at once
-    (distinct rows), layer after layer. `contributions(pairs)` gives the pairs' rows."""
-    if not target.size:
-        return
-    # rows split by target so that the threads get about the same number of pairs
-    per_row = np.bincount(target, minlength=grad.shape[0])
-    cumulative = np.cumsum(per_row)
-    parts = max(1, min(threads, target.size // 4096))
-    cuts = np.searchsorted(cumulative, [target.size * t // parts for t in range(1, parts)])
-    bounds = [0, *[int(c) + 1 for c in cuts], grad.shape[0]]
-    owner = np.searchsorted(np.asarray(bounds[1:-1]), target, side="right")
-    layer_block = 8192  # rows added at once (bounds the contributions' memory)
-
-    def add_part(part: int) -> None:
-        pairs = np.flatnonzero(owner == part)  # increasing: pair order
-        if not pairs.size:
-            return
-        order = pairs[np.argsort(target[pairs], kind="stable")]  # by row, pair order within
-        rows = target[order]
-        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-        counts = np.diff(np.r_[starts, rows.size])
-        layer = 0
-        while starts.size:
-            chosen = order[starts + layer]  # the layer-th pair of every row that has one
-            for lo in range(0, chosen.size, layer_block):
-                block = chosen[lo : lo + layer_block]
-                index = target[block]
-                if isinstance(grad, torch.Tensor):
-                    index = torch.from_numpy(index)
-                grad[index] = grad[index] + contributions(block)
-            layer += 1
-            keep = counts > layer
-            starts, counts = starts[keep], counts[keep]
-
-    _in_threads(add_part, list(range(parts)), threads if parts > 1 else 1)
-
-
-def mine_negatives(
-    index: Any, W: Any, class_ids: Any, k: int, distance: str = "cosine"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Stochastic negative mining (Eq. 8): the k nearest classes of each class and nu_c.
-
-    Asks the index (a raysim.index NearestClassIndex over the rows of W) for the top-(k+1) of
-    each class, excluding the class itself; the first k are N_k(c), and nu_c is the distance
-    to the (k+1)-th. Returns (neighbor_ids int64 (q, k), nu (q,) in W's float dtype).
-    """
-    _check_distance(distance)
-    weights = W.detach().cpu().numpy() if isinstance(W, torch.Tensor) else np.asarray(W)
-    classes = np.asarray(class_ids, dtype=np.int64)
-    queries = np.ascontiguousarray(weights[classes], dtype=np.float32)
-    ids, sims = index.search(classes, queries, k + 1)
-    last = sims[:, k].astype(np.float64)
-    if distance == "cosine":
-        nu = 1.0 - last
-    else:
-        nu = np.sqrt(np.maximum(0.0, 2.0 - 2.0 * last))  # ||u - v|| on the unit sphere
-    return ids[:, :k], nu.astype(weights.dtype)

@@ -1,0 +1,285 @@
+"""What goes over the wire between the server and the clients of FedAwS and its Softmax oracle.
+
+Down: `Broadcast`, the round's common payload (theta; all of W for the oracle), and
+`ClassRow`, a FedAwS client's own payload (the row of the one class it holds).
+Up: a dict message, built by `theta_message` (the theta delta: the dense part, read lazily
+through `DenseDelta`, plus the embedding-bag rows the client touched) to which FedAwS adds
+`class` and `row` (its new class row) and the oracle `classes` (its delta of W).
+`check_message` / `message_problem` say why a message is malformed; the task's reducer
+(raysim.algorithms.fedaws_reduce) refuses such a message before folding it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from raysim.core.fixed_point import FIXED_LIMIT, FIXED_SCALE, MAX_FIXED_WEIGHT
+from raysim.models.layout import ModelLayout
+from raysim.runtime.devices import to_numpy
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """The round's common payload: theta, plus (softmax oracle) all class rows.
+
+    `token` identifies this payload on a worker so the worker loads the 288 MB theta into its
+    model once per round instead of once per client; it is bookkeeping, not sent data.
+    """
+
+    theta: np.ndarray
+    token: int
+    classes: np.ndarray | None = None
+
+    def __wire_nbytes__(self) -> int:
+        return int(self.theta.nbytes) + (0 if self.classes is None else int(self.classes.nbytes))
+
+
+@dataclass(frozen=True)
+class ClassRow:
+    """What the server sends one FedAwS client: the row of the one class it holds. The class
+    id is known to both sides (the client holds that class's data), so only the row counts as
+    sent; the task's reducer refuses a message that writes any other class's row.
+
+    Array-like (np.asarray gives the row), so code that handles the row alone still works."""
+
+    class_id: int
+    row: np.ndarray
+
+    def __wire_nbytes__(self) -> int:
+        return int(self.row.nbytes)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self.row, dtype=dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.row.shape
+
+
+class DenseDelta(NDArrayOperatorsMixin):
+    """The dense part of a FedAwS/softmax client's message, read where it lies: the worker
+    model's dense parameters minus theta's dense part, float32.
+
+    A task's reducer folds it a cache-sized chunk at a time (`read_chunk`: the subtraction,
+    the check and the fixed-point conversion of a chunk while it is in cache) instead of
+    materialising the 8 MB difference and reading it again. Anything else that touches it
+    (np.asarray, indexing, item assignment, arithmetic, numpy functions, any ndarray
+    attribute, pickling) first makes it an array of its own, after which it is that array.
+    Unmaterialised it is valid while the worker's model still holds this client's parameters,
+    i.e. until the next client of the task starts (the task body folds each message before
+    that); read later it raises instead of giving another client's values."""
+
+    def __init__(self, model, layout: ModelLayout, base: torch.Tensor) -> None:
+        self._model, self._layout, self._base = model, layout, base
+        self._client = model._fedaws_client  # which client's parameters these are
+        self._arrays = layout.dense_arrays()  # numpy views: no torch call per chunk
+        self._base_array = base.numpy()
+        self._owned: np.ndarray | None = None  # the materialised difference, once made
+        self.shape = (len(base),)
+        self.dtype = np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _check_current(self) -> None:
+        if self._model._fedaws_client != self._client:
+            raise RuntimeError(
+                "a client's dense delta was read after the worker model moved on to another "
+                "client (fold or copy a message before the next client trains)"
+            )
+
+    def _array(self) -> np.ndarray:
+        if self._owned is None:
+            self._check_current()
+            self._owned = self._layout.dense_delta(self._base)
+        return self._owned
+
+    def read_chunk(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """The difference's entries [start, stop), float32 (written into `out`, at least
+        stop - start long, unless already materialised)."""
+        if self._owned is not None:
+            return self._owned[start:stop]
+        self._check_current()
+        part = out[: stop - start]
+        base = self._base_array
+        for position, count, flat in self._arrays:
+            low, high = max(start, position), min(stop, position + count)
+            if low < high:
+                np.subtract(
+                    flat[low - position : high - position],
+                    base[low:high],
+                    out=part[low - start : high - start],
+                )
+        return part
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self._array(), dtype=dtype)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        def plain(value):
+            return value._array() if isinstance(value, DenseDelta) else value
+
+        if "out" in kwargs:
+            kwargs["out"] = tuple(plain(value) for value in kwargs["out"])
+        return getattr(ufunc, method)(*(plain(value) for value in inputs), **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        def plain(value):
+            if isinstance(value, DenseDelta):
+                return value._array()
+            if isinstance(value, list | tuple):
+                return type(value)(plain(item) for item in value)
+            return value
+
+        return func(*plain(args), **{key: plain(value) for key, value in kwargs.items()})
+
+    def __getitem__(self, key):
+        return self._array()[key]
+
+    def __setitem__(self, key, value) -> None:
+        self._array()[key] = value
+
+    def __getattr__(self, name: str):  # size, nbytes, copy(), astype(), ... of the array
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._array(), name)
+
+    def __reduce__(self):
+        return (np.array, (self._array(),))
+
+    def __wire_nbytes__(self) -> int:
+        return 4 * len(self)
+
+
+def forget_payload(model) -> None:
+    """`model` (a worker's cached model) was overwritten with other values: it no longer holds
+    a payload's theta, nor a client's parameters that a DenseDelta may still read."""
+    model._fedaws_token = None
+    next_client(model)
+
+
+def next_client(model) -> None:
+    """The model's parameters now belong to someone else (`DenseDelta` checks this count)."""
+    model._fedaws_client = getattr(model, "_fedaws_client", 0) + 1
+
+
+def materialised(message):
+    """`message` with a DenseDelta replaced by its array (for checks that read it whole)."""
+    if isinstance(message, dict) and isinstance(message.get("dense"), DenseDelta):
+        return {**message, "dense": np.asarray(message["dense"])}
+    return message
+
+
+def peak_magnitude(value: np.ndarray) -> float:
+    """max |value| of a float array (NaN when it holds a NaN, inf an Inf; 0 when empty), from
+    its max and min: no temporary array of |value|."""
+    if not value.size:
+        return 0.0
+    high, low = float(value.max()), float(value.min())
+    if math.isnan(high) or math.isnan(low):
+        return math.nan
+    return max(high, -low)
+
+
+def _float_array_problem(
+    name: str, value, shape: tuple[int, ...], peaks: dict, deferred=()
+) -> str | None:
+    """Why `value` is not a finite float32 array of `shape`, or None; its peak magnitude goes
+    into `peaks[name]` (the range check and the fixed-point conversion reuse it). A name in
+    `deferred` is checked for dtype and shape only: its caller checks the values later."""
+    readable = isinstance(value, np.ndarray) or (name in deferred and isinstance(value, DenseDelta))
+    if not readable or value.dtype != np.float32:
+        return f"'{name}' must be a float32 array, got {type(value).__name__}"
+    if value.shape != shape:
+        return f"'{name}' has shape {value.shape}, expected {shape}"
+    if name in deferred:
+        return None
+    peaks[name] = peak_magnitude(value)
+    if not math.isfinite(peaks[name]):
+        return not_finite(name)
+    return None
+
+
+def not_finite(name: str) -> str:
+    return f"'{name}' holds NaN or Inf"
+
+
+def check_message(message, num_samples, layout: ModelLayout, num_classes: int, dim: int):
+    """Why a FedAwS/softmax client message is malformed, or None (checked in the task)."""
+    return message_problem(materialised(message), num_samples, layout, num_classes, dim, {})
+
+
+def message_problem(
+    message, num_samples, layout, num_classes: int, dim: int, peaks: dict, deferred=()
+):
+    """`check_message`, filling `peaks` with each float array's largest magnitude (one pass
+    over each array for every check, and none more for its fixed-point conversion). The
+    values of the arrays named in `deferred` are left to the caller to check (finite, in
+    range; refused with `not_finite` / `too_large`'s words)."""
+    if not isinstance(message, dict):
+        return f"message must be a dict, got {type(message).__name__}"
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        return f"num_samples must be a positive integer, got {num_samples!r}"
+    if num_samples >= MAX_FIXED_WEIGHT:  # value x samples would no longer be exact
+        shown = f"{num_samples}" if num_samples < 10**15 else f"{len(str(num_samples))} digits"
+        return f"num_samples must be below 2^29 = {MAX_FIXED_WEIGHT:,}, got {shown}"
+    dense_size = layout.size if layout.bag is None else len(layout.dense_index)
+    problem = _float_array_problem("dense", message.get("dense"), (dense_size,), peaks, deferred)
+    if problem:
+        return problem
+    if layout.bag is not None:
+        ids = message.get("bag_ids")
+        if not isinstance(ids, np.ndarray) or ids.ndim != 1 or ids.dtype.kind not in "iu":
+            return "'bag_ids' must be a 1-D integer array"
+        if len(ids) and (ids.min() < 0 or ids.max() >= layout.bag_rows - 1):
+            return f"'bag_ids' out of range [0, {layout.bag_rows - 1})"
+        if len(ids) > 1 and not (np.diff(ids.astype(np.int64)) > 0).all():
+            return "'bag_ids' must be strictly increasing"
+        problem = _float_array_problem(
+            "bag_rows", message.get("bag_rows"), (len(ids), layout.bag_width), peaks
+        )
+        if problem:
+            return problem
+    if "row" in message:
+        problem = _float_array_problem("row", message["row"], (dim,), peaks)
+        if problem:
+            return problem
+        cls = message.get("class")
+        if isinstance(cls, bool) or not isinstance(cls, int) or not 0 <= cls < num_classes:
+            return f"'class' must be a class id in [0, {num_classes}), got {cls!r}"
+    if "classes" in message:
+        problem = _float_array_problem("classes", message["classes"], (num_classes, dim), peaks)
+        if problem:
+            return problem
+    for key in ("dense", "bag_rows", "row", "classes"):
+        weight = 1 if key == "row" else num_samples  # rows are averaged per class, unweighted
+        if key in peaks and peaks[key] * weight * FIXED_SCALE >= FIXED_LIMIT:
+            return too_large(key)
+    return None
+
+
+def too_large(key: str) -> str:
+    return f"'{key}' too large for exact aggregation (did local training diverge?)"
+
+
+def theta_message(model, layout: ModelLayout, broadcast: Broadcast, touched, table) -> dict:
+    """The theta part of a client's message: the dense delta (+ the touched bag rows' delta).
+
+    `model` is the worker's model after local training (holding theta's dense part beside it,
+    `_fedaws_dense`), `touched` the bag rows the client trained in its local `table`."""
+    base = model._fedaws_dense
+    if base.device.type == "cpu":  # read by the task's reducer in chunks (DenseDelta)
+        message = {"dense": DenseDelta(model, layout, base)}
+    else:  # one copy from the GPU
+        message = {"dense": layout.dense_delta(base)}
+    if layout.bag is not None:
+        with torch.no_grad():
+            rows = to_numpy(table) - layout.bag_row_slice(broadcast.theta, touched)
+        message["bag_ids"] = touched.astype(np.int32)
+        message["bag_rows"] = rows.astype(np.float32)
+    return message
