@@ -1,0 +1,139 @@
+"""A run's plan, computed once before any round: the client split (with each client's
+validation rows, where the partitioner places them), the per-client step bound and the run
+context every participant receives. Backends call `plan_run` through the `prepare` callback
+(raysim.core.backend) once the dataset is loaded where it belongs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from raysim import registry
+from raysim.config import Config
+from raysim.core.algorithm import RunContext
+from raysim.core.sampling import PARTITION, purpose_seed
+from raysim.data.datasets import Dataset
+from raysim.data.partition import options_with_defaults, split_dataset
+from raysim.data.split import ClientSplit, PartitionResult
+from raysim.errors import RaysimError
+
+# The most optimizer steps one client may take in one round (local_epochs x its batches): the
+# largest runs raysim reproduces take a few thousand; more would keep round 1 from ending.
+MAX_LOCAL_STEPS = 10_000_000
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run computes once from its config and dataset."""
+
+    partition: PartitionResult  # the partitioner's whole answer (training + validation rows)
+    split: ClientSplit  # each client's training rows
+    ctx: RunContext  # the config, the data's shapes and the per-client validation rows
+
+
+def plan_run(config: Config, dataset: Dataset) -> RunPlan:
+    """Partition `dataset` for `config` once (read from `partition.cache_dir` when cached),
+    check the client step bound, and build the run context."""
+    partition = partition_for_run(config, dataset)
+    split = partition.train
+    check_local_steps(config, split)
+    return RunPlan(partition, split, run_context(config, dataset, partition))
+
+
+def check_local_steps(config: Config, split: ClientSplit) -> None:
+    """Refuse a split whose largest client would take more than MAX_LOCAL_STEPS steps a round."""
+    largest = int(np.diff(split.offsets).max()) if split.num_clients else 0
+    clients = config.clients
+    steps = clients.local_epochs * -(-largest // clients.batch_size)
+    if steps > MAX_LOCAL_STEPS:
+        raise RaysimError(
+            f"clients.local_epochs={clients.local_epochs} with clients.batch_size="
+            f"{clients.batch_size} gives the largest client ({largest} samples) {steps:,} local "
+            f"steps a round, more than {MAX_LOCAL_STEPS:,}; use fewer epochs or larger batches"
+        )
+
+
+def run_context(config: Config, dataset: Dataset, partition: PartitionResult) -> RunContext:
+    """The context of a run on `dataset` split as `partition`: shapes, registered plug-ins, and
+    each client's validation rows of the test split (and of the validation split, placed on
+    the clients by the same partitioner and seed)."""
+    ctx = RunContext(
+        config,
+        tuple(dataset.train_x.shape[1:]),
+        dataset.num_classes,
+        dataset.num_features,
+        plugins=registry.snapshot(),  # names registered in this process, for the workers
+        multilabel=np.ndim(dataset.train_y) == 2,
+    )
+    if partition.validation is None:
+        return ctx
+    ctx = dataclasses.replace(ctx, client_validation=partition.validation)
+    if dataset.val_x is not None:  # the validation rows placed on clients the same way
+        as_test = dataclasses.replace(dataset, test_x=dataset.val_x, test_y=dataset.val_y)
+        part = config.partition
+        placed = split_dataset(
+            as_test,
+            part.name,
+            part.num_clients,
+            purpose_seed(config.run.seed, PARTITION),
+            part.options,
+        )
+        ctx = dataclasses.replace(ctx, client_validation_of_val=placed.validation)
+    return ctx
+
+
+def partition_for_run(config: Config, dataset: Dataset) -> PartitionResult:
+    """The run's partition (`partition:` section, the run's partition seed), read from the
+    parquet cache in `partition.cache_dir` when it has it (and written there when it has not)."""
+    part = config.partition
+    sections = config.to_dict()
+
+    def compute() -> PartitionResult:
+        seed = purpose_seed(config.run.seed, PARTITION)
+        return split_dataset(dataset, part.name, part.num_clients, seed, part.options)
+
+    if not part.cache_dir:
+        return compute()
+    from raysim.data.store import load_split, save_split, split_cache_key
+
+    identity = {
+        "name": part.name,
+        "num_clients": part.num_clients,
+        "options": options_with_defaults(part.name, part.options),
+    }
+    key = split_cache_key(
+        data=sections["data"],
+        partition=identity,
+        seed=config.run.seed,
+        num_train=len(dataset.train_y),
+    )
+    path = Path(part.cache_dir) / f"split_{key}.parquet"
+    validation_path = path.with_name(f"split_{key}_validation.parquet")
+    # Cached splits are input: checked against this dataset and partition.num_clients like a
+    # partitioner's result (split_dataset), refused in one line if they do not fit.
+    if os.path.lexists(path):
+        train, metadata = load_split(
+            path, num_clients=part.num_clients, num_rows=len(dataset.train_y)
+        )
+        if not metadata.get("validation"):
+            return PartitionResult(train)
+        if os.path.lexists(validation_path):
+            validation, _ = load_split(
+                validation_path, num_clients=part.num_clients, num_rows=len(dataset.test_y)
+            )
+            return PartitionResult(train, validation)
+    result = compute()
+    metadata = {
+        "dataset": dataset.name,
+        "partition": part.name,
+        "validation": result.validation is not None,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if result.validation is not None:  # first: a training file implies its validation
+        save_split(validation_path, result.validation, metadata)
+    save_split(path, result.train, metadata)
+    return result

@@ -1,0 +1,86 @@
+"""The server's bookkeeping of one round, as two small objects: `RoundFold`, what the round's
+accepted updates add up to so far (the aggregate, the loss and norm sums), and `Collusion`,
+what a colluding attacker holds until its last malicious client has arrived."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from raysim.core.aggregators import LinearAccumulator
+from raysim.core.state import Contribution, RoundInfo
+
+
+class RoundFold:
+    """The accepted updates of one round, folded in client-id order. Linear aggregators keep
+    O(model) memory (`accumulator`); the others, and algorithms that observe the round's
+    contributions, keep the contributions themselves."""
+
+    def __init__(self, aggregator, keep_contributions: bool) -> None:
+        self.aggregator = aggregator
+        self.accumulator = (
+            LinearAccumulator(aggregator.normalize) if aggregator.linear else None
+        )
+        self.keep_contributions = keep_contributions or self.accumulator is None
+        self.contributions: list[Contribution] = []
+        self.reduced = None  # an in-task reducing algorithm's merged messages (merge_reduced)
+        self.folded = 0
+        self.loss_sum = 0.0
+        self.loss_weight = 0.0
+        self.norm_sum = 0.0
+        self.aggregate_s = 0.0  # time spent folding, over the round's add() calls
+
+    def add_loss(self, loss: float, num_samples: int) -> None:
+        """A client's training loss, weighted by its samples (NaN and empty clients skipped)."""
+        if not math.isnan(loss) and num_samples:
+            self.loss_sum += loss * num_samples
+            self.loss_weight += num_samples
+
+    def add_norm(self, norm: float) -> None:
+        if not math.isnan(norm):
+            self.norm_sum += norm
+
+    def fold(self, contribution: Contribution) -> None:
+        self.folded += 1
+        if self.accumulator is not None:
+            self.accumulator.add(contribution.update, self.aggregator.weight(contribution))
+        if self.keep_contributions:
+            self.contributions.append(contribution)
+
+    def weighs_nothing(self) -> bool:
+        """Every folded update says it trained on 0 samples: a weighted mean of nothing."""
+        return (
+            self.accumulator is not None
+            and self.accumulator.normalize
+            and self.folded > 0
+            and self.accumulator.weight_sum <= 0
+        )
+
+
+class Collusion:
+    """A colluding attacker's round: the benign updates of its sampled malicious clients and
+    of its pool (which trains but sends nothing), held until every one of them has arrived or
+    been dropped; then `ready()` and the attack crafts the malicious clients' updates."""
+
+    def __init__(self, info: RoundInfo) -> None:
+        self.info = info
+        self.pool = set(info.attacker_pool.tolist())
+        self.malicious: list[Contribution] = []  # the sampled malicious clients' own updates
+        self.knowledge: list[np.ndarray] = []  # the pool's decoded updates
+        self.malicious_rejected = 0  # sampled malicious clients rejected or dropped
+        self.pool_dropped = 0
+
+    def ready(self) -> bool:
+        return (
+            len(self.malicious) + self.malicious_rejected >= self.info.num_malicious
+            and len(self.knowledge) + self.pool_dropped >= len(self.pool)
+            and bool(self.malicious)
+        )
+
+    def honest_updates(self) -> list[np.ndarray]:
+        """What the attacker knows: the benign updates of its sampled clients and its pool."""
+        return [c.update for c in self.malicious] + self.knowledge
+
+    def clear(self) -> None:
+        self.malicious, self.knowledge = [], []
