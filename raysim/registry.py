@@ -125,6 +125,18 @@ class Registry:
             checked[key] = _check_value(parameters[key], value, f"{where}.{key}")
         return checked
 
+    def check_option_values(
+        self, name: str, options: Mapping[str, Any], where: str
+    ) -> dict[str, Any]:
+        """`check_options`, then the factory's own `check_options(**options)` attribute if it
+        carries one: checks of values that are wrong whatever the data (a partitioner's
+        `alpha > 0`), run when the config is read. Returns the coerced options."""
+        checked = self.check_options(name, options, where)
+        check = getattr(self.get(name), "check_options", None)
+        if callable(check):
+            check(**checked)
+        return checked
+
     def build(self, name: str, *args: Any, **options: Any) -> Any:
         return self.get(name)(*args, **{_python_name(k): v for k, v in options.items()})
 
@@ -220,9 +232,13 @@ _ALL = (
 )
 
 # --- built-in plug-ins -------------------------------------------------------------------------
-for _name in ("digits", "synthetic_classification", "mnist", "cifar10", "cifar100", "femnist"):
-    datasets.register(_name, f"raysim.data.datasets:load_{_name}")
-datasets.register("extreme_classification", "raysim.data.xml:load_extreme_classification")
+for _name in ("digits", "synthetic_classification"):
+    datasets.register(_name, f"raysim.data.embedded:load_{_name}")
+datasets.register("mnist", "raysim.data.idx:load_mnist")
+for _name in ("cifar10", "cifar100"):
+    datasets.register(_name, f"raysim.data.cifar:load_{_name}")
+datasets.register("femnist", "raysim.data.femnist:load_femnist")
+datasets.register("extreme_classification", "raysim.data.xc_datasets:load_extreme_classification")
 datasets.register("synthetic_xml", "raysim.data.synthetic_xml:load_synthetic_xml")
 # Real data from package managers (Debian, PyPI wheels): raysim.data.offline
 for _name in ("fashion_mnist", "mnist_5k", "yeast"):
@@ -256,9 +272,9 @@ for _name in ("sgd", "adagrad", "adam"):
 
 # --- multi-label (FLAG + CMDA) --------------------------------------------------------------------
 datasets.register("synthetic_multilabel", "raysim.data.multilabel:load_synthetic_multilabel")
-datasets.register("arff", "raysim.data.multilabel:load_arff")
-datasets.register("coco", "raysim.data.multilabel:load_coco")
-datasets.register("xc_multilabel", "raysim.data.multilabel:load_xc_multilabel")
+datasets.register("arff", "raysim.data.arff:load_arff")
+datasets.register("coco", "raysim.data.coco:load_coco")
+datasets.register("xc_multilabel", "raysim.data.xc_datasets:load_xc_multilabel")
 models.register("mlp_bn", "raysim.models.multilabel:mlp_bn")
 algorithms.register("flag", "raysim.algorithms.flag:FLAG")
 algorithms.register("multilabel_fedavg", "raysim.algorithms.flag:MultiLabelAveraging")

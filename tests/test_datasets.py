@@ -13,14 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim.data.datasets import (
-    load_cifar10,
-    load_cifar100,
-    load_digits,
-    load_femnist,
-    load_mnist,
-    load_synthetic_classification,
-)
+from raysim.data.cifar import load_cifar10, load_cifar100
+from raysim.data.embedded import load_digits, load_synthetic_classification
+from raysim.data.femnist import load_femnist
+from raysim.data.idx import load_mnist
 from raysim.errors import ConfigError, DataError
 
 # --- digits -------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from raysim.data.synthetic_xml import generate_synthetic_xml
-from raysim.data.xml import write_xc_file
+from raysim.data.xc_data import write_xc_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from raysim import config, registry
-from raysim.data import datasets
+from raysim.data import cifar, femnist, idx
 from raysim.errors import ConfigError, DataError, RaysimError
 
 BOUNDED = settings(
@@ -187,7 +187,7 @@ def _mnist(which: str, compress: bool) -> Callable[[Path], tuple[Path, Callable[
             else:
                 (raw / name).write_bytes(content)
         target = raw / (f"{which}.gz" if compress else which)
-        return target, lambda: datasets.load_mnist(str(folder), 0)
+        return target, lambda: idx.load_mnist(str(folder), 0)
 
     return build
 
@@ -202,7 +202,7 @@ def _cifar10(folder: Path):
     directory.mkdir()
     for name in (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"):
         (directory / name).write_bytes(pickle.dumps(_cifar_batch([1, 9]), protocol=2))
-    return directory / "data_batch_1", lambda: datasets.load_cifar10(str(folder), 0)
+    return directory / "data_batch_1", lambda: cifar.load_cifar10(str(folder), 0)
 
 
 def _leaf_content(users: dict[str, list[int]]) -> dict:
@@ -222,7 +222,7 @@ def _femnist(folder: Path):
     (folder / "test" / "t.json").write_text(json.dumps(_leaf_content({"w0": [1]})))
     target = folder / "train" / "t.json"
     target.write_text(json.dumps(_leaf_content({"w0": [1, 61], "w1": [0]})))
-    return target, lambda: datasets.load_femnist(str(folder), 0)
+    return target, lambda: femnist.load_femnist(str(folder), 0)
 
 
 FORMATS = [
@@ -263,7 +263,7 @@ if _read_split_file is not None:
     FORMATS.append(FileFormat("xc-split", _xc_split))
 
 
-_load_arff = _optional("raysim.data.multilabel", "load_arff")
+_load_arff = _optional("raysim.data.arff", "load_arff")
 if _load_arff is not None:
 
     def _arff(folder: Path):
@@ -279,7 +279,7 @@ if _load_arff is not None:
 
     FORMATS.append(FileFormat("mulan-arff", _arff))
 
-_read_coco = _optional("raysim.data.multilabel", "read_coco_annotations")
+_read_coco = _optional("raysim.data.coco", "read_coco_annotations")
 if _read_coco is not None:
 
     def _coco(folder: Path):

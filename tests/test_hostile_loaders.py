@@ -42,7 +42,7 @@ from corpus.loaders import (
     write_xc,
 )
 
-from raysim.data import multilabel
+from raysim.data import arff, coco
 from raysim.errors import DataError
 
 MB = 1 << 20
@@ -117,7 +117,7 @@ def test_1_cifar_object_dtype_pickle_cannot_crash_numpy(tmp_path):
     spoil_cifar_batch(tmp_path, object_array_pickle())
     script = textwrap.dedent(
         f"""
-        from raysim.data.datasets import load_cifar10
+        from raysim.data.cifar import load_cifar10
         from raysim.errors import DataError
         try:
             load_cifar10({str(tmp_path)!r}, 0)
@@ -140,7 +140,7 @@ def test_2_arff_dense_size_is_checked_before_allocating_and_labels_are_found_fas
 ):
     # the real bound (2**28 values) is met by 50,000 attributes x 6,000 rows "{}" (1.3 MB of
     # file, 2.4 GB of rows, the corpus case); here the same check with a bound of 1,000 values
-    monkeypatch.setattr(multilabel, "ARFF_DENSE_LIMIT", 1000, raising=False)
+    monkeypatch.setattr(arff, "ARFF_DENSE_LIMIT", 1000, raising=False)
     header = "".join(f"@attribute a{i} numeric\n" for i in range(100))
     (tmp_path / "train.arff").write_text(
         "@relation r\n" + header + "@attribute sunny {0,1}\n@data\n" + "{}\n" * 20
@@ -156,7 +156,7 @@ def test_2_arff_dense_size_is_checked_before_allocating_and_labels_are_found_fas
         "@relation r\n" + header + "@data\n{0 1,20000 1}\n{1 1,39999 1}\n"
     )
     started = time.perf_counter()
-    data = multilabel.load_arff(
+    data = arff.load_arff(
         str(tmp_path), 0, train_file="train.arff", labels=names[:20_000], test_fraction=0.5
     )
     assert time.perf_counter() - started < 8
@@ -295,16 +295,16 @@ def test_6_split_cache_with_negative_ids_or_other_clients_is_refused(tmp_path):
 
 
 def _arff_reader(folder: Path) -> tuple[Callable[[], object], Path]:
-    return (lambda: multilabel.read_arff(str(folder / "x.arff"))), folder / "x.arff"
+    return (lambda: arff.read_arff(str(folder / "x.arff"))), folder / "x.arff"
 
 
 def _mulan_xml_reader(folder: Path) -> tuple[Callable[[], object], Path]:
-    return (lambda: multilabel.read_mulan_labels(str(folder / "l.xml"))), folder / "l.xml"
+    return (lambda: arff.read_mulan_labels(str(folder / "l.xml"))), folder / "l.xml"
 
 
 def _coco_json_reader(folder: Path) -> tuple[Callable[[], object], Path]:
     path = folder / "instances.json"
-    return (lambda: multilabel.read_coco_annotations(str(path))), path
+    return (lambda: coco.read_coco_annotations(str(path))), path
 
 
 def _xc_reader(folder: Path) -> tuple[Callable[[], object], Path]:

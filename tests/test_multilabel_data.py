@@ -8,7 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from raysim.data.multilabel import load_arff, load_coco, load_synthetic_multilabel
+from raysim.data.arff import load_arff
+from raysim.data.coco import load_coco
+from raysim.data.multilabel import load_synthetic_multilabel
 from raysim.errors import DataError
 
 DENSE = """% a MULAN-style file
@@ -177,7 +179,7 @@ def test_synthetic_multilabel_is_correlated_uneven_and_learnable():
     # learnable: a linear model on the features beats chance mAP by far
     from sklearn.linear_model import LogisticRegression
 
-    from raysim.metrics_multilabel import mean_average_precision
+    from raysim.metrics.multilabel import mean_average_precision
 
     scores = np.stack(
         [
@@ -194,7 +196,7 @@ def test_synthetic_multilabel_is_correlated_uneven_and_learnable():
 
 
 def test_xc_text_files_as_dense_multilabel_data(tmp_path):
-    from raysim.data.multilabel import load_xc_multilabel
+    from raysim.data.xc_datasets import load_xc_multilabel
 
     (tmp_path / "train.txt").write_text("3 4 3\n0,2 0:1.5 3:2\n1 1:1\n 2:0.5\n")
     (tmp_path / "test.txt").write_text("1 4 3\n2 0:1\n")

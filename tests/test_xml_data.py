@@ -12,13 +12,9 @@ import pytest
 from raysim import registry
 from raysim.data import xml
 from raysim.data.synthetic_xml import load_synthetic_xml
-from raysim.data.xml import (
-    XCData,
-    label_sets_to_multi_hot,
-    load_extreme_classification,
-    parse_xc_file,
-    write_xc_file,
-)
+from raysim.data.xc_data import XCData, label_sets_to_multi_hot, write_xc_file
+from raysim.data.xc_datasets import load_extreme_classification
+from raysim.data.xml import parse_xc_file
 from raysim.errors import ConfigError, DataError
 
 # Five points, 6 features, 5 labels: an empty label list written both ways (leading space; a

@@ -31,16 +31,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from raysim.data import torchvision_adapter as tv
-from raysim.data.datasets import (
-    _GZIP_MAX_RATIO,
-    Dataset,
-    _find_file,
-    _float_option,
-    _int_option,
-    _normalise,
-    open_regular_file,
-    read_idx_images,
-)
+from raysim.data.datasets import Dataset
+from raysim.data.files import _GZIP_MAX_RATIO, _find_file, open_regular_file
+from raysim.data.idx import read_idx_images
+from raysim.data.options import _float_option, _int_option
+from raysim.data.torchvision_adapter import _normalise
 from raysim.errors import ConfigError, DataError
 
 # --- locating a data file inside an installed package ------------------------------------------

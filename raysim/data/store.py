@@ -107,7 +107,7 @@ def load_split(
     checked against them: that many clients, every row id in [0, num_rows). A cache file is
     input like any other (a shared folder, an old run, a hand edit): a negative id would
     silently index from the end and train clients on other samples."""
-    from raysim.data.datasets import open_regular_file
+    from raysim.data.files import open_regular_file
 
     path = os.fspath(path)
     handle, size = open_regular_file(

@@ -29,8 +29,10 @@ import math
 
 import numpy as np
 
-from raysim.data.datasets import Dataset, _float_option, _generated_size, _int_option
-from raysim.data.xml import XCData, xc_to_dataset
+from raysim.data.datasets import Dataset
+from raysim.data.options import _float_option, _generated_size, _int_option
+from raysim.data.xc_data import XCData
+from raysim.data.xc_datasets import xc_to_dataset
 from raysim.errors import ConfigError
 
 # Amazon-670K (Extreme Classification Repository) at scale 1.

@@ -1,4 +1,4 @@
-"""Extreme-classification (XML) data: the Extreme Classification Repository text format.
+"""The reader of the Extreme Classification Repository text format (extreme multi-label data).
 
 The repository (http://manikvarma.org/downloads/XC/XMLRepository.html) ships each dataset as
 `train.txt` / `test.txt`, or, for the small datasets, one data file plus `trSplit.txt` /
@@ -17,10 +17,8 @@ Python, which names the file, the 1-based line and what was expected; only a blo
 error (or an unusual byte such as a non-ASCII character) pays that price. Both paths accept
 exactly the same inputs and give identical arrays (tested).
 
-`load_extreme_classification` turns the files into the sparse-input `Dataset` form (see
-`raysim.data.datasets.Dataset`): feature ids padded with `num_features`, one positive label
-sampled per train point for FedAwS (multi-label -> multi-class), and every true label kept in
-`train_label_sets` / `test_y` (padded with -1) for P@k.
+The parser returns `raysim.data.xc_data.XCData`; raysim.data.xc_datasets turns that into
+datasets.
 """
 
 from __future__ import annotations
@@ -28,93 +26,21 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from raysim.data.datasets import Dataset, _int_option, ascii_uint, read_regular_file
-from raysim.errors import ConfigError, DataError
+from raysim.data.files import ascii_uint, read_regular_file
+from raysim.data.xc_data import XCData
+from raysim.errors import DataError
 
 XC_REPOSITORY = "http://manikvarma.org/downloads/XC/XMLRepository.html"
-_HOW_TO_OBTAIN = (
+XC_HOW_TO_OBTAIN = (
     f"download the dataset from the Extreme Classification Repository ({XC_REPOSITORY}) on a "
     f"machine with internet access and copy its train.txt/test.txt (or, for the small datasets, "
     f"the data file with trSplit.txt/tstSplit.txt) into data.root"
 )
 _BLOCK_BYTES = 16 << 20  # lines are parsed in blocks of about this size (bounds memory)
 
-
-@dataclass(frozen=True)
-class XCData:
-    """One XC data file as CSR arrays: row i's labels are label_ids[label_indptr[i]:...[i+1]]."""
-
-    num_features: int
-    num_labels: int
-    label_indptr: np.ndarray  # int64 (points + 1,)
-    label_ids: np.ndarray  # int64 (total labels,)
-    feature_indptr: np.ndarray  # int64 (points + 1,)
-    feature_ids: np.ndarray  # int32 (total features,)
-    feature_values: np.ndarray  # float32 (total features,)
-
-    @property
-    def num_points(self) -> int:
-        return len(self.label_indptr) - 1
-
-    def take(self, rows: np.ndarray) -> XCData:
-        """The given rows (any order, repeats allowed) as a new XCData."""
-        rows = np.asarray(rows, dtype=np.int64)
-        label_indptr, label_source = _gather_csr(self.label_indptr, rows)
-        feature_indptr, feature_source = _gather_csr(self.feature_indptr, rows)
-        return XCData(
-            self.num_features,
-            self.num_labels,
-            label_indptr,
-            self.label_ids[label_source],
-            feature_indptr,
-            self.feature_ids[feature_source],
-            self.feature_values[feature_source],
-        )
-
-
-def _gather_csr(indptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(new indptr, source positions) of the CSR rows `rows`, without a Python loop."""
-    counts = (indptr[rows + 1] - indptr[rows]).astype(np.int64)
-    new_indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(counts, out=new_indptr[1:])
-    shift = np.repeat(indptr[rows].astype(np.int64) - new_indptr[:-1], counts)
-    return new_indptr, shift + np.arange(new_indptr[-1], dtype=np.int64)
-
-
-def label_sets_to_multi_hot(
-    label_indptr: np.ndarray, label_ids: np.ndarray, num_labels: int
-) -> np.ndarray:
-    """CSR label lists -> uint8 (points, num_labels) 0/1 matrix (for small label counts)."""
-    label_indptr = np.asarray(label_indptr, dtype=np.int64)
-    label_ids = np.asarray(label_ids, dtype=np.int64)
-    points = len(label_indptr) - 1
-    multi_hot = np.zeros((points, int(num_labels)), dtype=np.uint8)
-    rows = np.repeat(np.arange(points), np.diff(label_indptr))
-    multi_hot[rows, label_ids] = 1
-    return multi_hot
-
-
-def write_xc_file(path: str | os.PathLike, data: XCData) -> None:
-    """Write `data` in the XC text format (tests, benchmarks, exporting synthetic data)."""
-    with open(path, "w", encoding="ascii") as handle:
-        handle.write(f"{data.num_points} {data.num_features} {data.num_labels}\n")
-        labels = data.label_ids.tolist()
-        ids = data.feature_ids.tolist()
-        values = data.feature_values.tolist()
-        li, fi = data.label_indptr.tolist(), data.feature_indptr.tolist()
-        for row in range(data.num_points):
-            label_text = ",".join(map(str, labels[li[row] : li[row + 1]]))
-            pairs = " ".join(f"{ids[k]}:{values[k]:.6g}" for k in range(fi[row], fi[row + 1]))
-            handle.write(f"{label_text} {pairs}\n" if pairs else f"{label_text}\n")
-
-
-# --- the parser ---------------------------------------------------------------------------------
 
 # Bytes the fast path accepts; anything else (tabs aside, which become spaces) goes line by line.
 _ALLOWED_BYTES = b"0123456789.eE+-:, \n"
@@ -127,7 +53,7 @@ _VALUE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 def _missing(path: str) -> DataError:
-    return DataError(f"extreme classification file not found: {path}; {_HOW_TO_OBTAIN}")
+    return DataError(f"extreme classification file not found: {path}; {XC_HOW_TO_OBTAIN}")
 
 
 # The largest files of the repository are a few GB (Amazon-3M's train.txt); the reader holds a
@@ -484,176 +410,3 @@ def read_split_file(path: str | os.PathLike, column: int, num_points: int) -> np
     if not rows:
         raise DataError(f"{path}: no rows (expected one line of 1-based row indices per point)")
     return np.asarray(rows, dtype=np.int64)
-
-
-# --- XCData -> Dataset --------------------------------------------------------------------------
-
-
-def padded_feature_ids(data: XCData, width: int | None = None) -> np.ndarray:
-    """int32 (points, width) feature ids padded with `num_features`.
-
-    width None: the largest number of features of any point (at least 1). A smaller width keeps
-    each point's highest-valued features (ties: smaller feature id first), in file order.
-    """
-    counts = np.diff(data.feature_indptr)
-    if width is None:
-        width = max(1, int(counts.max(initial=0)))
-    ids = data.feature_ids[data.feature_indptr[0] : data.feature_indptr[-1]]
-    if counts.max(initial=0) > width:
-        rows = np.repeat(np.arange(data.num_points, dtype=np.int64), counts)
-        values = data.feature_values[data.feature_indptr[0] : data.feature_indptr[-1]]
-        order = np.lexsort((ids, -values, rows))
-        rank = np.empty(len(order), dtype=np.int64)
-        rank[order] = np.arange(len(order)) - (
-            data.feature_indptr[rows[order]] - data.feature_indptr[0]
-        )
-        keep = rank < width
-        ids = ids[keep]
-        counts = np.minimum(counts, width)
-    x = np.full((data.num_points, width), data.num_features, dtype=np.int32)
-    # A boolean mask assigns in row-major order, which is CSR order.
-    x[np.arange(width)[None, :] < counts[:, None]] = ids
-    return x
-
-
-def padded_label_sets(label_indptr: np.ndarray, label_ids: np.ndarray) -> np.ndarray:
-    """int64 (points, max labels per point) label ids padded with -1 (width at least 1)."""
-    counts = np.diff(label_indptr)
-    width = max(1, int(counts.max(initial=0)))
-    sets = np.full((len(counts), width), -1, dtype=np.int64)
-    sets[np.arange(width)[None, :] < counts[:, None]] = label_ids[
-        label_indptr[0] : label_indptr[-1]
-    ]
-    return sets
-
-
-def sample_positive_labels(data: XCData, rng: np.random.Generator) -> np.ndarray:
-    """One label per point, uniform over its labels (every point must have one)."""
-    counts = np.diff(data.label_indptr)
-    return data.label_ids[data.label_indptr[:-1] + rng.integers(0, counts)].astype(np.int64)
-
-
-def xc_to_dataset(
-    name: str,
-    train: XCData,
-    test: XCData,
-    seed: int | np.random.Generator,
-    *,
-    max_features_per_point: int | None = None,
-) -> Dataset:
-    """The sparse-input Dataset: train points without labels dropped, one positive sampled each.
-
-    The padded width is shared by train and test: the largest feature count of any point, or
-    `max_features_per_point`.
-    """
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    train_counts = np.diff(train.label_indptr)
-    unlabelled = int(np.count_nonzero(train_counts == 0))
-    if unlabelled:
-        print(
-            f"raysim: dataset '{name}': dropped {unlabelled} of {train.num_points} training "
-            f"points that have no labels",
-            file=sys.stderr,
-            flush=True,
-        )
-        train = train.take(np.flatnonzero(train_counts > 0))
-    if train.num_points == 0:
-        raise DataError(f"dataset '{name}': no training point has a label")
-    width = max_features_per_point
-    if width is None:
-        counts = np.concatenate([np.diff(train.feature_indptr), np.diff(test.feature_indptr)])
-        width = max(1, int(counts.max(initial=0)))
-        padded_bytes = 4 * width * len(counts)
-        if padded_bytes > 256 << 20 and width > 4 * counts.mean():
-            print(
-                f"raysim: dataset '{name}': padding every point to its largest feature count "
-                f"({width}; mean {counts.mean():.1f}) takes {padded_bytes / 2**20:.0f} MB; set "
-                f"data.max_features_per_point to keep only each point's highest-valued features",
-                file=sys.stderr,
-                flush=True,
-            )
-    return Dataset(
-        name=name,
-        train_x=padded_feature_ids(train, width),
-        train_y=sample_positive_labels(train, rng),
-        test_x=padded_feature_ids(test, width),
-        test_y=padded_label_sets(test.label_indptr, test.label_ids),
-        num_classes=train.num_labels,
-        num_features=train.num_features,
-        train_label_sets=padded_label_sets(train.label_indptr, train.label_ids),
-    )
-
-
-# --- the dataset loader -------------------------------------------------------------------------
-
-
-def _file_option(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"'data.{key}' must be a file name, got {value!r}")
-    return value
-
-
-def load_extreme_classification(
-    root: str | None,
-    seed: int,
-    *,
-    train_file: str = "train.txt",
-    test_file: str = "test.txt",
-    data_file: str | None = None,
-    split: int = 0,
-    max_features_per_point: int | None = None,
-    max_test_points: int | None = None,
-    train_split_file: str = "trSplit.txt",
-    test_split_file: str = "tstSplit.txt",
-) -> Dataset:
-    """An Extreme Classification Repository dataset from `root` (e.g. Amazon-670K).
-
-    Either `train_file` + `test_file` (the large datasets), or `data_file` with the split files
-    `train_split_file` / `test_split_file` and the split column `split` (the small datasets).
-    `max_test_points` evaluates on a fixed random subset of the test points (the same for every
-    run seed, so results stay comparable). `seed` draws the one positive per train point.
-    """
-    train_file = _file_option("train_file", train_file)
-    test_file = _file_option("test_file", test_file)
-    train_split_file = _file_option("train_split_file", train_split_file)
-    test_split_file = _file_option("test_split_file", test_split_file)
-    if data_file is not None:
-        data_file = _file_option("data_file", data_file)
-    split = _int_option("split", split, 0)
-    if max_features_per_point is not None:
-        max_features_per_point = _int_option("max_features_per_point", max_features_per_point, 1)
-    if max_test_points is not None:
-        max_test_points = _int_option("max_test_points", max_test_points, 1)
-    if root is None:
-        raise DataError(
-            f"'data.root' must be set for dataset 'extreme_classification' (the folder "
-            f"holding train.txt and test.txt); {_HOW_TO_OBTAIN}"
-        )
-    if not os.path.isdir(root):
-        raise DataError(
-            f"dataset 'extreme_classification': data.root {root!r} is not a directory; "
-            f"{_HOW_TO_OBTAIN}"
-        )
-    if data_file is None:
-        train = parse_xc_file(os.path.join(root, train_file))
-        test = parse_xc_file(
-            os.path.join(root, test_file),
-            num_features=train.num_features,
-            num_labels=train.num_labels,
-        )
-    else:
-        data = parse_xc_file(os.path.join(root, data_file))
-        train = data.take(
-            read_split_file(os.path.join(root, train_split_file), split, data.num_points)
-        )
-        test = data.take(
-            read_split_file(os.path.join(root, test_split_file), split, data.num_points)
-        )
-    if test.num_points == 0:
-        raise DataError(f"dataset 'extreme_classification': the test file in {root} has no points")
-    if max_test_points is not None and max_test_points < test.num_points:
-        chosen = np.random.default_rng(0).choice(test.num_points, max_test_points, replace=False)
-        test = test.take(np.sort(chosen))
-    return xc_to_dataset(
-        "extreme_classification", train, test, seed, max_features_per_point=max_features_per_point
-    )
