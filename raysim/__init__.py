@@ -9,6 +9,7 @@ Your own algorithm, aggregator, codec, model, dataset or partitioner: name it in
 `package.module:attr`, declared with `@raysim.plugin("algorithm")` (docs/EXTENDING.md).
 """
 
+from raysim._version import __version__ as __version__
 from raysim.api import RunRecord, load_run, run
 from raysim.config import Config
 from raysim.config import load as load_config
@@ -16,7 +17,6 @@ from raysim.core.loop import RunResult, resume
 from raysim.errors import ConfigError, DataError, RaysimError
 from raysim.plugins import plugin
 
-__version__ = "0.1.0"
 __all__ = [
     "Config",
     "ConfigError",

@@ -41,7 +41,7 @@ def _add_config_arguments(parser: argparse.ArgumentParser, optional: bool = Fals
 
 
 def _parser() -> argparse.ArgumentParser:
-    from raysim import __version__
+    from raysim._version import __version__
 
     parser = argparse.ArgumentParser(prog="raysim", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"raysim {__version__}")
