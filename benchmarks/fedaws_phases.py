@@ -71,7 +71,7 @@ from raysim.core.sampling import sample_clients
 from raysim.core.server import _non_finite_arrays, build_algorithm
 from raysim.models.layout import layout_of
 from raysim.models.vector import cached_model
-from raysim.outputs import peak_rss_bytes
+from raysim.outputs.environment import peak_rss_bytes
 
 SERVER_PHASES = ("aggregation", "index", "spreadout", "evaluation")
 PHASES = ("clients", *SERVER_PHASES)
@@ -278,7 +278,7 @@ class Floor:
         W[grad_ids] = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
     def evaluation(self, x: np.ndarray, y: np.ndarray, count: int) -> dict:
-        from raysim.metrics_xml import precision_at_k
+        from raysim.metrics.xml import precision_at_k
 
         faiss = _faiss()
         model = self.model

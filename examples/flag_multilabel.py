@@ -27,7 +27,7 @@ from raysim.core.loop import load_dataset, run, run_context
 from raysim.core.sampling import PARTITION, purpose_seed
 from raysim.data import cmda
 from raysim.data.partition import split_dataset
-from raysim.metrics_multilabel import rounds_to_target
+from raysim.metrics.multilabel import rounds_to_target
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = (

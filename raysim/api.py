@@ -137,7 +137,7 @@ def load_run(out_dir: str | Path) -> RunRecord:
     summary.json (if finished) and the newest readable checkpoint. No plug-in the config names
     is imported or run to read them (`.model()` and `.algorithm()` build the config's own)."""
     from raysim import config as config_module
-    from raysim.outputs import checkpoint_paths, load_checkpoint
+    from raysim.outputs.checkpoints import checkpoint_paths, load_checkpoint
 
     out_dir = Path(out_dir)
     if not (out_dir / "config.yaml").is_file():

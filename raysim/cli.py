@@ -185,7 +185,7 @@ def _resume_hint(run_dir: str | None) -> str:
 
     if not run_dir:
         return ""
-    from raysim.outputs import checkpoint_paths
+    from raysim.outputs.checkpoints import checkpoint_paths
 
     checkpoints = checkpoint_paths(Path(run_dir, "checkpoints"))
     if not checkpoints:

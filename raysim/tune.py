@@ -32,11 +32,13 @@ Outputs: OUT/tune_results.csv (one row per trial), a printed table, and OUT/best
 the best trial's resolved config without the `tune:` section, which `raysim run` accepts and
 which reproduces that trial exactly (every run is deterministic given its config). The best
 trial is the best among those that ran every round (ASHA's stopped trials ended earlier).
+
+This module loads sweeps and runs their trials; the `tune:` section is parsed and checked in
+raysim.tune_space, the results are tabulated and written by raysim.tune_results.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 import os
@@ -45,75 +47,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from raysim import config as config_module
 from raysim.config import Config
-from raysim.errors import ConfigError, RaysimError, closest
-
-DOMAIN_KINDS = ("grid", "choice", "uniform", "loguniform", "randint")
-SCHEDULERS = ("fifo", "asha")
-# Per-round values a trial can report besides eval/<metric> (see core/loop.py's round record).
-ROUND_VALUES = (
-    "train_loss",
-    "update_norm_mean",
-    "bytes_up",
-    "bytes_down",
-    "clients_done",
-    "clients_failed",
-    "wall_s",
-    "elapsed_s",
-)
-# Resources are fixed per sweep (they shape every trial's placement group).
-UNTUNABLE = ("clients.num_cpus", "clients.num_gpus", "runtime.backend", "runtime.address")
-
-
-@dataclasses.dataclass(frozen=True)
-class Domain:
-    """One search dimension: `kind` in DOMAIN_KINDS with its values or bounds."""
-
-    key: str
-    kind: str
-    values: tuple[Any, ...]
-
-    def to_tune(self, tune) -> Any:
-        if self.kind == "grid":
-            return tune.grid_search(list(self.values))
-        if self.kind == "choice":
-            return tune.choice(list(self.values))
-        low, high = self.values
-        return {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}[
-            self.kind
-        ](low, high)
-
-    def probes(self) -> list[Any]:
-        """Values that must all make a valid config (checked before anything starts)."""
-        if self.kind in ("grid", "choice"):
-            return list(self.values)
-        low, high = self.values
-        return [low, high - 1] if self.kind == "randint" else [low, high]
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepSpec:
-    space: tuple[Domain, ...]
-    metric: str = "val/accuracy"
-    mode: str = "max"
-    # Tuning on the test split (eval/...) leaks it into the result: refused unless set.
-    allow_test_metric: bool = False
-    num_samples: int = 1
-    scheduler: str = "fifo"
-    grace_period: int = 1
-    reduction_factor: float = 2.0
-    max_concurrent_trials: int | None = None
-    client_slots: int = 1
-    server_cpus: float = 0.0
-    seed: int = 0
-
-
-_SPEC_FIELDS = {f.name: f for f in dataclasses.fields(SweepSpec)}
-
+from raysim.errors import ConfigError, RaysimError
+from raysim.outputs.records import flatten_record, is_number
+from raysim.tune_results import trial_rows, write_results
+from raysim.tune_space import SweepSpec, apply_params, parse_spec
 
 # --- loading ---------------------------------------------------------------------------------
 
@@ -195,135 +136,6 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Config,
     return config, spec
 
 
-def parse_spec(section: Mapping[str, Any], config: Config, source: str = "config") -> SweepSpec:
-    """Validate a `tune:` section against the experiment it sweeps."""
-    section = dict(section)
-    for key in section:
-        if key not in _SPEC_FIELDS:
-            raise ConfigError(
-                f"{source}: unknown key 'tune.{key}'{closest(key, list(_SPEC_FIELDS))}; "
-                f"valid keys: {', '.join(_SPEC_FIELDS)}"
-            )
-    raw_space = section.pop("space", None)
-    if not isinstance(raw_space, Mapping) or not raw_space:
-        raise ConfigError(
-            f"{source}: 'tune.space' must map config keys to domains, "
-            "e.g. 'clients.lr: {loguniform: [0.005, 0.5]}'"
-        )
-    space = tuple(_parse_domain(key, value, config, source) for key, value in raw_space.items())
-    kwargs: dict[str, Any] = {}
-    for key, value in section.items():
-        kwargs[key] = config_module._coerce(value, _SPEC_FIELDS[key].type, f"tune.{key}", source)
-    spec = SweepSpec(space=space, **kwargs)
-
-    def require(condition: bool, key: str, expected: str, value: Any) -> None:
-        if not condition:
-            raise ConfigError(f"{source}: 'tune.{key}' must be {expected}, got {value!r}")
-
-    require(spec.mode in ("min", "max"), "mode", "'min' or 'max'", spec.mode)
-    require(spec.scheduler in SCHEDULERS, "scheduler", "'fifo' or 'asha'", spec.scheduler)
-    require(spec.num_samples >= 1, "num_samples", ">= 1", spec.num_samples)
-    require(spec.client_slots >= 1, "client_slots", ">= 1", spec.client_slots)
-    require(spec.server_cpus >= 0, "server_cpus", ">= 0", spec.server_cpus)
-    require(spec.seed >= 0, "seed", ">= 0", spec.seed)
-    require(
-        spec.max_concurrent_trials is None or spec.max_concurrent_trials >= 1,
-        "max_concurrent_trials",
-        ">= 1",
-        spec.max_concurrent_trials,
-    )
-    require(
-        spec.metric.startswith(("val/", "eval/")) or spec.metric in ROUND_VALUES,
-        "metric",
-        f"val/<name> (e.g. val/accuracy) or one of {', '.join(ROUND_VALUES)}",
-        spec.metric,
-    )
-    if spec.metric.startswith("eval/") and not spec.allow_test_metric:
-        name = spec.metric.removeprefix("eval/")
-        raise ConfigError(
-            f"{source}: 'tune.metric' {spec.metric} is measured on the test split, and "
-            "hyperparameters chosen on it overstate how well they generalise; tune on "
-            f"val/{name} (with data.validation_fraction > 0, e.g. 0.1), or set "
-            "tune.allow_test_metric: true to tune on test data knowingly"
-        )
-    if spec.metric.startswith("val/") and config.data.validation_fraction <= 0:
-        raise ConfigError(
-            f"{source}: 'tune.metric' {spec.metric} needs a validation split: set "
-            "data.validation_fraction (e.g. 0.1), which holds that share of the training rows "
-            "out of every client"
-        )
-    if spec.scheduler == "asha":
-        rounds = config.run.rounds
-        require(spec.grace_period >= 1, "grace_period", ">= 1", spec.grace_period)
-        require(spec.grace_period <= rounds, "grace_period", f"<= run.rounds ({rounds})", rounds)
-        require(spec.reduction_factor > 1, "reduction_factor", "> 1", spec.reduction_factor)
-        if any(domain.key == "run.rounds" for domain in space):
-            raise ConfigError(
-                f"{source}: 'tune.space' cannot sweep run.rounds with scheduler asha "
-                "(ASHA counts progress in rounds); use scheduler: fifo"
-            )
-    return spec
-
-
-def _parse_domain(key: str, value: Any, config: Config, source: str) -> Domain:
-    where = f"{source}: 'tune.space.{key}'"
-    if not isinstance(key, str) or key.count(".") != 1:
-        raise ConfigError(f"{where}: keys look like section.key (as with --set)")
-    if key in UNTUNABLE:
-        raise ConfigError(
-            f"{where}: {key} is fixed for a sweep (it shapes every trial's resources)"
-        )
-    if isinstance(value, list):  # a plain list is a grid
-        value = {"grid": value}
-    if not isinstance(value, Mapping) or len(value) != 1:
-        raise ConfigError(
-            f"{where}: expected one of {', '.join(DOMAIN_KINDS)} with its values, "
-            "e.g. {choice: [0.01, 0.1]} or {uniform: [0.1, 0.9]}"
-        )
-    ((kind, values),) = value.items()
-    if kind not in DOMAIN_KINDS:
-        raise ConfigError(
-            f"{where}: unknown domain '{kind}'{closest(str(kind), list(DOMAIN_KINDS))}; "
-            f"choices: {', '.join(DOMAIN_KINDS)}"
-        )
-    if not isinstance(values, list) or not values:
-        raise ConfigError(f"{where}: '{kind}' needs a non-empty list")
-    if kind in ("uniform", "loguniform", "randint"):
-        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-        if len(values) != 2 or not numbers or not values[0] < values[1]:
-            raise ConfigError(f"{where}: '{kind}' needs [low, high] with low < high")
-        if kind == "loguniform" and values[0] <= 0:
-            raise ConfigError(f"{where}: 'loguniform' needs low > 0")
-        if kind == "randint" and not all(isinstance(v, int) for v in values):
-            raise ConfigError(f"{where}: 'randint' needs integer bounds [low, high) ")
-    domain = Domain(key, kind, tuple(values))
-    for probe in domain.probes():
-        try:
-            apply_params(config, {key: probe})
-        except ConfigError as error:
-            raise ConfigError(
-                f"{where}: value {probe!r} gives an invalid config: {error}"
-            ) from None
-    return domain
-
-
-def apply_params(config: Config, params: Mapping[str, Any]) -> Config:
-    """`config` with `section.key: value` params applied (validated like any config)."""
-    raw = config.to_dict()
-    for key, value in params.items():
-        section, name = key.split(".")
-        raw.setdefault(section, {})[name] = _python_value(value)
-    return config_module.from_dict(raw, source="tune")
-
-
-def _python_value(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, list | tuple):
-        return [_python_value(v) for v in value]
-    return value
-
-
 # --- trials ----------------------------------------------------------------------------------
 
 
@@ -347,23 +159,11 @@ def trial_bundles(config: Config, spec: SweepSpec) -> list[dict[str, float]]:
     return [head] + [dict(slot) for _ in range(spec.client_slots)]
 
 
-def flatten_record(record: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """Numeric values of a round record as `a/b` keys (the TensorBoard names)."""
-    flat: dict[str, float] = {}
-    for key, value in record.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_record(value, f"{name}/"))
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            flat[name] = value
-    return flat
-
-
 def _trial(params: dict, *, base: Config, metric: str, out_root: str, cwd: str) -> None:
     """One simulation, reporting every round that has the metric to Tune."""
     from ray import tune
 
-    from raysim.core.loop import run
+    from raysim.assembly import run
 
     if os.path.isdir(cwd):  # relative data.root / cache_dir resolve as in `raysim run`
         os.chdir(cwd)
@@ -373,7 +173,7 @@ def _trial(params: dict, *, base: Config, metric: str, out_root: str, cwd: str) 
     last: list[dict[str, Any]] = []
 
     def on_round(record: dict[str, Any]) -> None:
-        flat = flatten_record(record)
+        flat = {k: v for k, v in flatten_record(record).items() if is_number(v)}
         if metric not in flat:
             if "eval" in record:
                 raise ConfigError(
@@ -522,7 +322,7 @@ def run_sweep(
         finally:
             if main_thread:
                 signal.signal(signal.SIGTERM, sigterm_handler)
-        rows = _rows(grid, spec, config.run.rounds)
+        rows = trial_rows(grid, spec, config.run.rounds)
         expected = spec.num_samples * math.prod(
             len(d.values) for d in spec.space if d.kind == "grid"
         )
@@ -543,23 +343,7 @@ def run_sweep(
             ray_backend.disconnect()
     if interrupted is None and rows and all(row["status"] == "ERROR" for row in rows):
         raise RaysimError(f"every trial failed; first error: {rows[0]['error']}")
-    best = _best(rows, spec)
-    best_config = apply_params(config, best["params"]) if best else None
-    _write_csv(out_dir / "tune_results.csv", rows, spec)
-    if best_config is not None:
-        header = (
-            f"# Best trial {best['trial']} of `raysim tune` ({spec.metric} = "
-            f"{best[spec.metric]!r}, mode {spec.mode}, after {best['rounds']} rounds).\n"
-            f"# Params: {best['params']}\n# Repeat it: raysim run {out_dir / 'best_config.yaml'}\n"
-        )
-        (out_dir / "best_config.yaml").write_text(header + best_config.to_yaml())
-    print(format_table(rows, spec))
-    if best is not None:
-        print(
-            f"best: trial {best['trial']}, {spec.metric} = {best[spec.metric]!r}; "
-            f"config: {out_dir / 'best_config.yaml'}"
-        )
-    print(f"results: {out_dir / 'tune_results.csv'}; trials' runs in {out_dir / 'trials'}")
+    best, best_config = write_results(out_dir, rows, spec, config)
     return SweepResult(rows, best, best_config, out_dir, interrupted, expected)
 
 
@@ -608,118 +392,3 @@ def _check_fits(bundles: list[dict[str, float]], cluster: Mapping[str, float]) -
                 f"{cluster.get(resource, 0.0):g}; lower tune.client_slots"
                 + (" or run where GPUs are" if resource == "GPU" else "")
             )
-
-
-def _rows(grid, spec: SweepSpec, rounds: int) -> list[dict[str, Any]]:
-    rows = []
-    for result in grid:
-        # A sweep stopped early (Ctrl-C, SIGTERM) has trials that never reported: no
-        # metrics, no path, no config (the TypeError that lost every finished result).
-        metrics = result.metrics or {}
-        params = result.config or {}
-        trial = metrics.get("trial_id") or (Path(result.path).name if result.path else "-")
-        done = metrics.get("round")
-        if result.error is not None:
-            status = "ERROR"
-        elif done == rounds:
-            status = "completed"
-        else:
-            status = f"stopped@{done}" if done else "no result"
-        row = {
-            "trial": trial,
-            "status": status,
-            "rounds": done,
-            "params": {
-                domain.key: _python_value(params[domain.key])
-                for domain in spec.space
-                if domain.key in params
-            },
-            spec.metric: metrics.get(spec.metric),
-            "error": _error_line(result.error),
-            "out": metrics.get("trial_out", ""),
-        }
-        for extra in ("eval/accuracy", "eval/loss", "train_loss", "bytes_up"):
-            if extra != spec.metric and extra in metrics:
-                row[extra] = metrics[extra]
-        rows.append(row)
-    rows.sort(key=lambda row: _sort_key(row, spec))
-    return rows
-
-
-def _sort_key(row: dict[str, Any], spec: SweepSpec) -> tuple:
-    value = row.get(spec.metric)
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        return (1, 0.0, row["trial"])
-    return (0, -value if spec.mode == "max" else value, row["trial"])
-
-
-def _best(rows: list[dict[str, Any]], spec: SweepSpec) -> dict[str, Any] | None:
-    """The best trial that ran every round, else the best of any (rows are sorted)."""
-    scored = [row for row in rows if _sort_key(row, spec)[0] == 0]
-    completed = [row for row in scored if row["status"] == "completed"]
-    return (completed or scored or [None])[0]
-
-
-def _error_line(error: BaseException | None) -> str:
-    if error is None:
-        return ""
-    cause = getattr(error, "cause", None)
-    text = str(cause if cause is not None else error).strip().splitlines()
-    return text[-1] if text else type(error).__name__
-
-
-def _columns(rows: list[dict[str, Any]], spec: SweepSpec) -> list[str]:
-    extras = [
-        k
-        for k in ("eval/accuracy", "eval/loss", "train_loss")
-        if k != spec.metric and any(k in r for r in rows)
-    ]
-    return ["trial", "status", "rounds", *(d.key for d in spec.space), spec.metric, *extras]
-
-
-def _cell(row: dict[str, Any], column: str) -> Any:
-    return row["params"][column] if column in row["params"] else row.get(column)
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]], spec: SweepSpec) -> None:
-    columns = [*_columns(rows, spec), "out", "error"]
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow(
-                [
-                    repr(v) if isinstance(v, float) else ("" if v is None else v)
-                    for v in (_cell(row, c) for c in columns)
-                ]
-            )
-
-
-def format_table(rows: list[dict[str, Any]], spec: SweepSpec) -> str:
-    """The trials as an aligned text table, best first."""
-    columns = _columns(rows, spec)
-
-    def text(value: Any) -> str:
-        if isinstance(value, float):
-            return f"{value:.6g}"
-        return "-" if value is None else str(value)
-
-    cells = [[text(_cell(row, c)) for c in columns] for row in rows]
-    widths = [
-        max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(columns)
-    ]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
-    errors = [f"  {row['trial']}: {row['error']}" for row in rows if row["error"]]
-    if errors:
-        lines += ["errors:", *errors]
-    return "\n".join(lines)
-
-
-def final_metric(summary: Mapping[str, Any], metric: str) -> float | None:
-    """A tune metric in a run's summary.json: eval/accuracy is final.accuracy, val/accuracy
-    final_val.accuracy."""
-    if metric.startswith("val/"):
-        return (summary.get("final_val") or {}).get(metric.removeprefix("val/"))
-    return summary["final"].get(metric.removeprefix("eval/"))

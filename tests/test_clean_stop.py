@@ -98,12 +98,12 @@ def test_an_unwritable_out_is_one_line_before_ray_starts(tmp_path, monkeypatch, 
     folder.mkdir()
     folder.chmod(0o555)
     if os.geteuid() == 0:  # root writes through permission bits: a read-only mount, then
-        import raysim.outputs
+        import raysim.outputs.run_folder
 
         def read_only(*args, **kwargs):
             raise OSError(errno.EROFS, "Read-only file system", str(folder))
 
-        monkeypatch.setattr(raysim.outputs.tempfile, "mkstemp", read_only)
+        monkeypatch.setattr(raysim.outputs.run_folder.tempfile, "mkstemp", read_only)
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started for an output folder that cannot be written")

@@ -14,7 +14,7 @@ import pytest
 
 from raysim import config
 from raysim.core.loop import load_dataset, run, split_clients
-from raysim.outputs import load_checkpoint
+from raysim.outputs.checkpoints import load_checkpoint
 
 ROUNDS = 15
 PER_ROUND = 10

@@ -14,7 +14,7 @@ from raysim.core.fixed_point import to_fixed
 from raysim.core.loop import load_dataset, run, run_context, split_clients
 from raysim.core.server import Server
 from raysim.core.state import RoundInfo
-from raysim.metrics_xml import mean_pairwise_cosine, precision_at_k
+from raysim.metrics.xml import mean_pairwise_cosine, precision_at_k
 
 TINY = {
     "run": {"seed": 3, "rounds": 3, "eval_every": 1, "checkpoint_every": 0},

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from raysim import config as config_module
-from raysim import metrics
+from raysim.metrics import xml_scale as metrics
 from raysim.algorithms import fedaws_fast as fedaws_module
 from raysim.algorithms import spreadout
 from raysim.algorithms.class_embedding import ClassEmbeddingMethod, normalize_rows
@@ -25,7 +25,7 @@ from raysim.core.state import RoundInfo, ServerState
 from raysim.index import build_index
 from raysim.index.base import server_threads
 from raysim.index.exact import exact_dot
-from raysim.metrics_xml import mean_pairwise_cosine as direct_mean_pairwise_cosine
+from raysim.metrics.xml import mean_pairwise_cosine as direct_mean_pairwise_cosine
 
 TINY = {
     "run": {"seed": 5, "rounds": 3, "eval_every": 1, "checkpoint_every": 0},

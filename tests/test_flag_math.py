@@ -12,7 +12,7 @@ from raysim.algorithms.flag import label_statistics, label_weights
 from raysim.data import cmda
 from raysim.data.multilabel import load_synthetic_multilabel
 from raysim.losses import asymmetric_loss, binary_cross_entropy
-from raysim.metrics_multilabel import mean_average_precision, rounds_to_target
+from raysim.metrics.multilabel import mean_average_precision, rounds_to_target
 
 
 def test_asymmetric_loss_matches_a_hand_computation():

@@ -100,7 +100,7 @@ def test_new_outputs_never_delete_an_earlier_run_without_overwrite(tmp_path, dig
 
 
 def test_a_stale_lock_is_taken_over_with_a_line(tmp_path, capsys):
-    from raysim.outputs import LOCK_NAME, lock_out_dir
+    from raysim.outputs.run_folder import LOCK_NAME, lock_out_dir
 
     out = tmp_path / "out"
     out.mkdir()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from raysim.core.loop import run
-from raysim.outputs import load_checkpoint
+from raysim.outputs.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.ray
 

@@ -14,7 +14,7 @@ import torch
 
 import raysim
 from raysim import config, registry
-from raysim.compare import edge_findings
+from raysim.compare_report import edge_findings
 from raysim.core.algorithm import RunContext
 from raysim.core.best_so_far import BestSoFar, best_of_records
 from raysim.core.state import RoundInfo, ServerState

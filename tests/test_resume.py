@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from raysim.core.loop import run
-from raysim.outputs import load_checkpoint
+from raysim.outputs.checkpoints import load_checkpoint
 
 ROUNDS = 6
 OVERRIDES = [

@@ -12,7 +12,7 @@ import pytest
 
 from raysim.core.loop import resume, run
 from raysim.errors import RaysimError
-from raysim.outputs import load_checkpoint
+from raysim.outputs.checkpoints import load_checkpoint
 
 SETTINGS = ("run.rounds=6", "run.checkpoint_every=3", "run.keep_checkpoints=5")
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from raysim.core.loop import run
-from raysim.outputs import RunOutputs, heatmap_image, tensorboard_scalars
+from raysim.outputs import RunOutputs
+from raysim.outputs.tensorboard import heatmap_image, tensorboard_scalars
 
 ROUNDS = 3
 
@@ -117,7 +118,7 @@ def test_the_native_event_checksum_equals_tensorboards_own():
     TensorBoard's pure-Python masked CRC-32C is the reference, on every length class."""
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-    from raysim.outputs import _masked_crc32c
+    from raysim.outputs.tensorboard import _masked_crc32c
 
     rng = np.random.default_rng(0)
     for length in (0, 1, 3, 4, 7, 8, 9, 63, 64, 65, 1000, 4099):

@@ -12,7 +12,9 @@ import yaml
 
 from raysim import cli
 from raysim.errors import ConfigError
-from raysim.tune import apply_params, final_metric, load_sweep, trial_bundles
+from raysim.tune import load_sweep, trial_bundles
+from raysim.tune_results import final_metric
+from raysim.tune_space import apply_params
 
 SWEEP_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tune_fedavg_digits.yaml"
 
@@ -101,7 +103,7 @@ def test_a_config_without_tune_section_is_refused(digits_config_path):
 
 
 def test_best_trial_is_the_best_that_ran_every_round_and_the_table_lists_errors():
-    from raysim.tune import _best, _sort_key, format_table
+    from raysim.tune_results import _best, _sort_key, format_table
 
     _, spec = load_sweep(SWEEP_CONFIG)
 

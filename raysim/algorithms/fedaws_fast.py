@@ -30,7 +30,7 @@ from raysim.core.algorithm import RunContext
 from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ServerState
 from raysim.index.base import server_threads
-from raysim.metrics import mean_pairwise_cosine, top_k_classes
+from raysim.metrics.xml_scale import mean_pairwise_cosine, top_k_classes
 from raysim.models.layout import layout_of
 from raysim.models.vector import cached_model
 from raysim.runtime.devices import server_device

@@ -34,7 +34,7 @@ from raysim.core.state import Contribution, RoundInfo, ServerState
 from raysim.core.training import local_training
 from raysim.errors import ConfigError
 from raysim.losses import multilabel_loss
-from raysim.metrics_multilabel import (
+from raysim.metrics.multilabel import (
     mean_average_precision,
     per_client_map,
     predict_scores,

@@ -38,20 +38,17 @@ from raysim.core.state import RoundInfo, ServerState
 from raysim.data.datasets import Dataset, load_dataset  # noqa: F401 - re-exported
 from raysim.data.partition import ClientSplit, split_for_run
 from raysim.errors import RaysimError
-from raysim.outputs import (
-    RunOutputs,
-    check_out_dir,
+from raysim.outputs import RunOutputs
+from raysim.outputs.checkpoints import (
     check_state,
     checkpoint_metadata,
     checkpoint_paths,
-    config_changes,
-    config_fingerprint,
     load_checkpoint,
-    lock_out_dir,
-    peak_rss_bytes,
-    resume_records,
-    written_fingerprint,
 )
+from raysim.outputs.environment import peak_rss_bytes
+from raysim.outputs.identity import config_changes, config_fingerprint, written_fingerprint
+from raysim.outputs.records import resume_records
+from raysim.outputs.run_folder import check_out_dir, lock_out_dir
 
 # Restarts of a lost server in a row (while recovering one round) before the run gives up.
 MAX_SERVER_RESTARTS = 3

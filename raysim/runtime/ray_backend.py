@@ -34,7 +34,7 @@ from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
 from raysim.errors import RaysimError
-from raysim.outputs import peak_rss_bytes
+from raysim.outputs.environment import peak_rss_bytes
 from raysim.plugins import modules_to_ship
 from raysim.runtime import client_state
 from raysim.runtime.devices import task_num_gpus

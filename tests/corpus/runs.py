@@ -197,7 +197,7 @@ def _checkpoint(data: bytes | None, name: str, file_name: str = "round_000001.np
     """`load_checkpoint` of a hostile file (as resume reads it)."""
 
     def run(folder: Path) -> str:
-        from raysim.outputs import load_checkpoint
+        from raysim.outputs.checkpoints import load_checkpoint
 
         path = folder / file_name
         if data is None:
@@ -272,7 +272,7 @@ def _resume_past_a_fifo() -> Case:
 
     def run(folder: Path) -> str:
         from raysim.core.loop import resume
-        from raysim.outputs import load_checkpoint
+        from raysim.outputs.checkpoints import load_checkpoint
 
         whole, _ = load_checkpoint(_template_run() / "checkpoints" / "round_000002.npz")
         out = folder / "run"
@@ -299,7 +299,7 @@ def _edit_config(key: str, value) -> callable:
 
 def _replace_newest(data_of) -> callable:
     def prepare(folder: Path, out: Path) -> None:
-        from raysim.outputs import load_checkpoint
+        from raysim.outputs.checkpoints import load_checkpoint
 
         newest = out / "checkpoints" / "round_000002.npz"
         state, meta = load_checkpoint(newest)

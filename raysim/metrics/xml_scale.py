@@ -1,38 +1,13 @@
-"""Evaluation metrics computed on the server."""
+"""FedAwS's evaluation at Amazon-670K scale: P@k's top classes against all classes and the
+spread of W (mean pairwise cosine), the same numbers as the direct computations
+(raysim.metrics.xml.mean_pairwise_cosine; a full `queries @ classes.T` score matrix and
+torch.topk) without their full-size intermediates: with 670,091 classes of 512 floats a score
+matrix is 1.37 GB per 512 queries, and a float64 copy of W 2.7 GB."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
-
-
-def evaluate_classifier(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1024
-) -> dict[str, float]:
-    """Top-1 accuracy and mean cross-entropy of `model` on (x, y), on the model's device."""
-    device = next(model.parameters()).device
-    model.eval()
-    correct = 0
-    loss_sum = 0.0
-    with torch.no_grad():
-        for start in range(0, len(y), batch_size):
-            xb = torch.from_numpy(np.array(x[start : start + batch_size], dtype=np.float32))
-            yb = torch.from_numpy(np.array(y[start : start + batch_size], dtype=np.int64))
-            xb, yb = xb.to(device), yb.to(device)  # no-ops on the CPU
-            logits = model(xb)
-            loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-            correct += int((logits.argmax(dim=1) == yb).sum())
-    model.train()
-    count = max(1, len(y))
-    return {"accuracy": correct / count, "loss": loss_sum / count}
-
-
-# --- FedAwS's evaluation (P@k against all classes, the spread of W) at Amazon-670K scale ------
-# The same numbers as the direct computations (raysim.metrics_xml.mean_pairwise_cosine; a full
-# `queries @ classes.T` score matrix and torch.topk), without their full-size intermediates:
-# with 670,091 classes of 512 floats a score matrix is 1.37 GB per 512 queries, and a float64
-# copy of W 2.7 GB.
 
 _COSINE_BLOCK_ROWS = 4096  # rows of W converted to float64 at a time
 _PAIRWISE_LEAF = 1 << 20  # elements of W squared in float64 at a time
@@ -116,7 +91,7 @@ def _sum_of_squares(flat: np.ndarray, threads: int) -> float:
 
 
 def mean_pairwise_cosine(rows: np.ndarray, threads: int | None = None) -> float:
-    """raysim.metrics_xml.mean_pairwise_cosine, bit for bit, without its float64 copies of
+    """raysim.metrics.xml.mean_pairwise_cosine, bit for bit, without its float64 copies of
     `rows` (2.7 GB each for Amazon-670K's W): (|sum w|^2 - sum |w|^2) / (C (C - 1)), the sums
     in float64 in numpy's own order (see _column_sums and _sum_of_squares). `threads` (None:
     torch's thread count) split the work, never a sum."""
@@ -129,7 +104,7 @@ def mean_pairwise_cosine(rows: np.ndarray, threads: int | None = None) -> float:
         or rows.dtype != np.float32
         or not rows.flags.c_contiguous
     ):  # small or unusual: the direct computation (its copies are small or needed)
-        from raysim.metrics_xml import mean_pairwise_cosine as direct
+        from raysim.metrics.xml import mean_pairwise_cosine as direct
 
         return direct(rows)
     threads = _threads(threads)
