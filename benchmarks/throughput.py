@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     import ray
 
     from raysim.config import RuntimeConfig
-    from raysim.runtime.ray_backend import connect
+    from raysim.runtime.ray_cluster import connect
 
     default_threads = torch.get_num_threads()
     measured: dict[str, dict[str, float]] = {size: {} for size in args.sizes}

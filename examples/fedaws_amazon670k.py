@@ -260,14 +260,14 @@ def main(argv: list[str] | None = None) -> int:
         compare.run_comparison(compare.load_comparison(spec), out / "full", address=args.address)
         return 0
     from raysim.config import RuntimeConfig
-    from raysim.runtime import ray_backend
+    from raysim.runtime import ray_cluster
 
-    started_ray = ray_backend.connect(RuntimeConfig(address=args.address), args.address)
+    started_ray = ray_cluster.connect(RuntimeConfig(address=args.address), args.address)
     try:
         return _study(args, out)
     finally:
         if started_ray:
-            ray_backend.disconnect()
+            ray_cluster.disconnect()
 
 
 def _study(args, out: Path) -> int:

@@ -150,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     wanted = [METHOD_KEYS[key] for key in args.methods]
     from raysim.config import RuntimeConfig
-    from raysim.runtime import ray_backend
+    from raysim.runtime import ray_cluster
 
-    started_ray = ray_backend.connect(RuntimeConfig(address=args.address), args.address)
+    started_ray = ray_cluster.connect(RuntimeConfig(address=args.address), args.address)
     results = {}
     try:
         for name in wanted:
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {**result.summary["final"], "wall_s": time.perf_counter() - started}
     finally:
         if started_ray:
-            ray_backend.disconnect()
+            ray_cluster.disconnect()
     lines = [
         "| method | accuracy | P@3 | P@5 | mean cos(W) | wall s |",
         "|---|---|---|---|---|---|",

@@ -487,7 +487,7 @@ def main(argv=None) -> int:
         import ray
 
         from raysim.config import RuntimeConfig
-        from raysim.runtime.ray_backend import connect
+        from raysim.runtime.ray_cluster import connect
 
         connect(RuntimeConfig())  # one Ray session for every run of the study
     study = Study(args)

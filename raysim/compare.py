@@ -244,13 +244,13 @@ def run_comparison(
     """Tune every method with the same budget, re-run the winners on every seed, report."""
     from raysim import tune
     from raysim.assembly import run
-    from raysim.runtime import ray_backend
+    from raysim.runtime import ray_cluster
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     runtime = comparison.methods[0].config.runtime
-    started_ray = ray_backend.connect(runtime, address)  # one Ray for every sweep and re-run
+    started_ray = ray_cluster.connect(runtime, address)  # one Ray for every sweep and re-run
     results: dict[str, Any] = {}
     try:
         for method in comparison.methods:
@@ -288,7 +288,7 @@ def run_comparison(
             }
     finally:
         if started_ray:
-            ray_backend.disconnect()
+            ray_cluster.disconnect()
     report = build_report(comparison, results)
     report["wall_s"] = time.perf_counter() - started
     write_report(comparison, report, out_dir)

@@ -232,7 +232,7 @@ def run_sweep(
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    from raysim.runtime import ray_backend
+    from raysim.runtime import ray_cluster
 
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -242,7 +242,7 @@ def run_sweep(
     # Trials work in the driver's folder (relative paths mean the same as in `raysim run`).
     previous_chdir = os.environ.get("RAY_CHDIR_TO_TRIAL_DIR")
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"  # Tune passes it on to the trials
-    started_ray = ray_backend.connect(config.runtime, address)
+    started_ray = ray_cluster.connect(config.runtime, address)
     try:
         bundles = trial_bundles(config, spec)
         _check_fits(bundles, ray.cluster_resources())
@@ -340,7 +340,7 @@ def run_sweep(
         else:
             os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = previous_chdir
         if started_ray:
-            ray_backend.disconnect()
+            ray_cluster.disconnect()
     if interrupted is None and rows and all(row["status"] == "ERROR" for row in rows):
         raise RaysimError(f"every trial failed; first error: {rows[0]['error']}")
     best, best_config = write_results(out_dir, rows, spec, config)

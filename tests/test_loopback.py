@@ -12,7 +12,7 @@ import os
 import pytest
 
 from raysim import config as config_module
-from raysim.runtime import ray_backend
+from raysim.runtime import ray_cluster
 
 ray = pytest.importorskip("ray")
 
@@ -22,25 +22,25 @@ def test_a_ray_raysim_starts_gets_a_loopback_node_address(monkeypatch):
 
     if ray.is_initialized():
         pytest.skip("a Ray of this process already has its node address")
-    monkeypatch.delenv(ray_backend.LOCAL_ONLY_ENV, raising=False)
+    monkeypatch.delenv(ray_cluster.LOCAL_ONLY_ENV, raising=False)
     runtime = config_module.from_dict({"data": {"name": "digits"}}).runtime
     before = ray_constants.ENABLE_RAY_CLUSTER
     try:
-        assert ray_backend.loopback_only(runtime)
-        assert os.environ[ray_backend.LOCAL_ONLY_ENV] == "0"  # Ray's processes read it
+        assert ray_cluster.loopback_only(runtime)
+        assert os.environ[ray_cluster.LOCAL_ONLY_ENV] == "0"  # Ray's processes read it
         assert services.get_node_ip_address() == "127.0.0.1"
         assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
     finally:
-        ray_backend.end_loopback_only()
+        ray_cluster.end_loopback_only()
     assert ray_constants.ENABLE_RAY_CLUSTER == before
-    assert ray_backend.LOCAL_ONLY_ENV not in os.environ
+    assert ray_cluster.LOCAL_ONLY_ENV not in os.environ
     # asked for otherwise: left alone
     public = config_module.from_dict(
         {"data": {"name": "digits"}, "runtime": {"dashboard_host": "0.0.0.0"}}
     ).runtime
-    assert not ray_backend.loopback_only(public)
-    monkeypatch.setenv(ray_backend.LOCAL_ONLY_ENV, "1")
-    assert not ray_backend.loopback_only(runtime)
+    assert not ray_cluster.loopback_only(public)
+    monkeypatch.setenv(ray_cluster.LOCAL_ONLY_ENV, "1")
+    assert not ray_cluster.loopback_only(runtime)
 
 
 def test_a_token_file_readable_by_others_is_one_line(tmp_path, monkeypatch, capsys):
@@ -49,9 +49,9 @@ def test_a_token_file_readable_by_others_is_one_line(tmp_path, monkeypatch, caps
     token.parent.mkdir()
     token.write_text("secret")
     token.chmod(0o644)
-    ray_backend.check_token_file()
+    ray_cluster.check_token_file()
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert str(token) in line and "644" in line and "chmod 600" in line
     token.chmod(0o600)
-    ray_backend.check_token_file()
+    ray_cluster.check_token_file()
     assert capsys.readouterr().err == ""

@@ -1,0 +1,247 @@
+"""The Ray cluster a run uses: connecting (a local Ray raysim starts, or a cluster it joins),
+the dashboard URL, the one-line errors for an unreachable cluster, and what the cluster can
+run (resources a client task or the server actor asks for, the GPUs they get)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from pathlib import Path
+
+import ray
+
+from raysim.config import RuntimeConfig
+from raysim.core.algorithm import RunContext
+from raysim.errors import RaysimError
+from raysim.plugins import modules_to_ship
+from raysim.runtime.devices import task_num_gpus
+
+# Task results up to this size travel inline to their owner (the server actor) instead of
+# through the shared-memory object store: a round of small client updates (e.g. 10 x 38 KB)
+# then costs ~1 ms less. Only applied when raysim starts Ray itself.
+INLINE_RESULT_BYTES = 1 << 20
+
+
+def disconnect() -> None:
+    ray.shutdown()
+    end_loopback_only()
+
+
+def end_loopback_only() -> None:
+    """Undo `loopback_only`: a later Ray of this process (a cluster it joins) is not local."""
+    if _RESTORE_LOCAL_ONLY:
+        from ray._private import ray_constants
+
+        previous = _RESTORE_LOCAL_ONLY.pop()
+        os.environ.pop(LOCAL_ONLY_ENV, None)
+        ray_constants.ENABLE_RAY_CLUSTER = previous
+
+
+def connect(
+    runtime: RuntimeConfig, address: str | None = None, include_dashboard: bool = True
+) -> bool:
+    """Join `address` (or runtime.address), or start a local Ray. True if we started it.
+
+    The user's plug-in modules (named by import path in the config or registered from their
+    code; raysim.plugins) go to every worker of the job as `runtime_env` py_modules, on a
+    local Ray and on a cluster alike. Resolve the config's plug-ins before connecting."""
+    if ray.is_initialized():
+        return False
+    # RAY_ADDRESS is how `ray job submit` and users point drivers at a cluster: join it (a
+    # cluster raysim did not start never gets raysim's _system_config).
+    address = address or runtime.address or os.environ.get("RAY_ADDRESS") or None
+    runtime_env = plugin_runtime_env()
+    if address:
+        check_reachable(address)
+        try:
+            context = ray.init(
+                address=address, logging_level=logging.WARNING, runtime_env=runtime_env
+            )
+        except (ConnectionError, TimeoutError) as error:
+            raise RaysimError(_unreachable(address, error)) from None
+    else:
+        loopback_only(runtime)
+        context = ray.init(
+            num_cpus=runtime.num_cpus,
+            include_dashboard=include_dashboard,
+            dashboard_host=runtime.dashboard_host,
+            logging_level=logging.WARNING,
+            runtime_env=runtime_env,
+            _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
+        )
+    url = getattr(context, "dashboard_url", None)
+    if url:
+        print(f"Ray dashboard: http://{url}", flush=True)
+    check_token_file()
+    return True
+
+
+# Ray's switch for a local-only Ray (its default on macOS and Windows): the node's address is
+# the loopback one, and every server Ray starts (GCS, raylet, object manager, workers, the
+# dashboard agent, the runtime-env agent, the Prometheus metrics endpoints) binds to it. On
+# Linux Ray binds them to the machine's routable address; `_node_ip_address="127.0.0.1"` is
+# mapped back to that address (services.resolve_ip_for_localhost), and the metrics endpoints
+# answered anyone with the run's name, losses and the host's process list. Ray offers no
+# other setting for this.
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_only(runtime: RuntimeConfig) -> bool:
+    """Make the Ray that raysim is about to start on this machine listen on 127.0.0.1 only,
+    unless the user asked otherwise (the variable set, or a dashboard_host that is not a
+    loopback address). True if it will."""
+    if os.environ.get(LOCAL_ONLY_ENV) is not None:
+        return os.environ[LOCAL_ONLY_ENV] == "0"
+    if runtime.dashboard_host not in ("127.0.0.1", "localhost", "::1"):
+        return False
+    os.environ[LOCAL_ONLY_ENV] = "0"  # for Ray's processes (they read it when they start)
+    from ray._private import ray_constants
+
+    _RESTORE_LOCAL_ONLY.append(ray_constants.ENABLE_RAY_CLUSTER)
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this process read it when ray was imported
+    return True
+
+
+_RESTORE_LOCAL_ONLY: list[bool] = []  # what disconnect() puts back
+
+
+def check_token_file() -> None:
+    """One line if Ray's token file (~/.ray/auth_token) can be read by others: whoever reads
+    it may use the cluster (Ray writes it 0644)."""
+    import stat
+
+    path = Path.home() / ".ray" / "auth_token"
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        print(
+            f"raysim: warning: Ray's token file {path} is readable by other users (mode "
+            f"{stat.S_IMODE(mode):o}); whoever reads it may use this Ray: chmod 600 {path}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _unreachable(address: str, reason: object) -> str:
+    reason = " ".join(str(reason).split())[:200]
+    return (
+        f"cannot reach a Ray cluster at {address!r} ({reason}); start one with `ray start "
+        f"--head` and pass its address (or --address auto on its head node), or leave "
+        f"--address and RAY_ADDRESS unset to start a local Ray"
+    )
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a cluster address nothing listens on (ray.init would retry for minutes):
+    one TCP connection to HOST:PORT or ray://HOST:PORT; 'auto' is checked by ray.init."""
+    import socket
+
+    if address == "auto" or address.startswith("local"):
+        return
+    target = address.removeprefix("ray://").split("/")[0]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise RaysimError(f"Ray address {address!r} is not 'auto', HOST:PORT or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as error:
+        raise RaysimError(_unreachable(address, error)) from None
+
+
+def alive_nodes() -> list[dict]:
+    """The total resources of each live node of the cluster (ray.nodes()'s `Resources`)."""
+    return [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+
+
+def client_slots(task_cpus: float) -> int:
+    """How many client tasks can run at once: the cluster's CPUs (in a Tune trial, only its
+    own placement group's) over a task's CPUs; at least 1."""
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    group = ray.util.get_current_placement_group()
+    if group is not None:  # e.g. a Tune trial: only its own placement group's CPUs
+        cpus = sum(bundle.get("CPU", 0.0) for bundle in group.bundle_specs)
+    return max(1, int(cpus // task_cpus))
+
+
+def granted_gpus(ctx: RunContext, cluster_gpus: float) -> RunContext:
+    """The run context with the GPUs its tasks and server actor really get: a request the
+    cluster cannot meet (no GPU in it) becomes 0, said once here, in the driver, so that the
+    workers use the CPU without repeating the notice and nothing waits forever for a GPU."""
+    config = ctx.config
+    clients_gpus = task_num_gpus(config.clients.num_gpus, cluster_gpus)
+    server_gpus = task_num_gpus(
+        config.server.num_gpus,
+        cluster_gpus,
+        key="server.num_gpus",
+        fallback="the server runs on the CPU",
+    )
+    if (clients_gpus, server_gpus) == (config.clients.num_gpus, config.server.num_gpus):
+        return ctx
+    granted = dataclasses.replace(
+        config,
+        clients=dataclasses.replace(config.clients, num_gpus=clients_gpus),
+        server=dataclasses.replace(config.server, num_gpus=server_gpus),
+    )
+    return dataclasses.replace(ctx, config=granted)
+
+
+def check_resources_fit(config) -> None:
+    """A client task (or the server actor) asking for more CPUs or GPUs than any node has
+    would wait forever: refuse it in one line. (No GPU at all: they fall back to the CPU,
+    with a notice.)"""
+    clients = config.clients
+    nodes = alive_nodes()
+    if not nodes:
+        return
+    most_cpus = max(n.get("CPU", 0.0) for n in nodes)
+    if clients.num_cpus > most_cpus:
+        raise RaysimError(
+            f"clients.num_cpus={clients.num_cpus:g} but the largest node of the Ray cluster has "
+            f"{most_cpus:g} CPUs: a client task could never start; lower clients.num_cpus"
+        )
+    most_gpus = max(n.get("GPU", 0.0) for n in nodes)
+    if most_gpus and clients.num_gpus > most_gpus:
+        raise RaysimError(
+            f"clients.num_gpus={clients.num_gpus:g} but the largest node of the Ray cluster has "
+            f"{most_gpus:g} GPUs: a client task could never start; lower clients.num_gpus"
+        )
+    if most_gpus and config.server.num_gpus > most_gpus:
+        raise RaysimError(
+            f"server.num_gpus={config.server.num_gpus:g} but the largest node of the Ray cluster "
+            f"has {most_gpus:g} GPUs: the server could never start; lower server.num_gpus"
+        )
+
+
+def plugin_runtime_env() -> dict | None:
+    """The job runtime_env that brings the user's plug-in modules to every worker of a Ray that
+    raysim starts or joins (None: no user modules)."""
+    user_modules = modules_to_ship()
+    if not user_modules:
+        return None
+    print(f"raysim: sending plug-in code to the workers: {', '.join(user_modules)}", flush=True)
+    return {"py_modules": user_modules}
+
+
+def ship_plugins_by_value() -> None:
+    """Ray was started by someone else (a notebook's ray.init, a test session), so the job's
+    runtime_env is not raysim's to set: the user's plug-in modules are pickled by value
+    instead, inside the objects the workers receive (the run context carries every plug-in
+    the driver resolved, raysim.registry.snapshot)."""
+    from ray import cloudpickle
+
+    names = [
+        Path(path).stem if path.endswith(".py") else Path(path).name for path in modules_to_ship()
+    ]
+    for name in names:
+        cloudpickle.register_pickle_by_value(sys.modules[name])
+    if names:
+        print(
+            f"raysim: Ray was started outside raysim; sending plug-in modules by value: "
+            f"{', '.join(names)}",
+            flush=True,
+        )

@@ -1,0 +1,177 @@
+"""Where the Ray backend trains a round's clients, and how many tasks carry them.
+
+With `clients.per_task: auto` a round's clients train in tasks (spread over the client slots)
+or in the server actor (one after another, no task round trip), whichever was measured faster,
+and the tasks are packed from the measured seconds per client. Results depend on neither
+(updates are reduced per client in client-id order), only speed."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import numpy as np
+
+from raysim.core.clients import chunk_clients
+from raysim.core.faults import FaultPlan
+from raysim.core.state import RoundInfo, RoundStats
+
+
+class ClientPlacement:
+    """The placement and packing state of a RayBackend (a mixin: `self.ctx` is the run's
+    context; `_init_placement` sets the rest)."""
+
+    def _init_placement(self, parallel_slots: int) -> None:
+        self.parallel_slots = parallel_slots
+        self.seconds_per_client: float | None = None  # measured, for automatic packing
+        self.rounds_run = 0
+        # Where each round trains (trains_in_server) and what each place costs, measured.
+        self._placement: dict[int, bool] = {}
+        self._clients_of: dict[int, int] = {}
+        self._cost: dict[str, float | None] = {"tasks": None, "server": None}
+        self._cost_round: dict[bool, int] = {False: 0, True: 0}
+        self._last_call: tuple[int, float] | None = None
+        # Whether the server actor trains (or is about to train) clients in the current call,
+        # and whether that place is off for good: a client that kills its process there (a
+        # segfault, os._exit, Ray's memory monitor) takes the server with it, while in a task
+        # it costs only that client. So after one such loss, or a client exception inside the
+        # server, every round trains in tasks.
+        self._server_busy = False
+        self._server_place_off = False
+
+    # Where a round's clients train, with `clients.per_task: auto`: in tasks (spread over the
+    # client slots) or in the server actor (one after another, no task round trip). Which is
+    # faster depends on the machine and the clients (on 2 cores, 10 digits clients of ~0.3 ms:
+    # 3.7 ms a round in the actor, 8+ ms in tasks; 100 of them: 24 vs 45 ms; 50 LeNet clients
+    # of 64 samples: tasks win), so it is measured: each place is timed on consecutive
+    # rounds (the time between the driver's calls, per trained client, the first
+    # round after a switch not counted), the faster one is used, and the other is timed again
+    # every REPROBE_EVERY rounds. Results do not depend on the place (bit for bit).
+    REPROBE_EVERY = 50
+
+    def _server_eligible(self) -> bool:
+        """Whether clients may train in the server actor at all: only with automatic packing
+        and when nothing needs a task of its own (injected faults, a round deadline, GPUs)."""
+        config = self.ctx.config
+        return (
+            config.clients.per_task == "auto"
+            and FaultPlan.from_config(config) is None
+            and config.run.round_deadline_s is None
+            and not config.clients.num_gpus
+        )
+
+    def trains_in_server(self, round_index: int) -> bool:
+        """Where round `round_index`'s clients train (decided once per round: a round may be
+        dispatched ahead of its call)."""
+        if self._server_place_off:
+            return False
+        decided = self._placement.get(round_index)
+        if decided is None:
+            decided = self._placement[round_index] = self._place(round_index)
+            for old in [r for r in self._placement if r < round_index - 2]:
+                del self._placement[old]  # (only the last rounds are ever looked at)
+                self._clients_of.pop(old, None)
+        return decided
+
+    def _place(self, round_index: int) -> bool:
+        if not self._server_eligible() or round_index < 2:  # round 1 starts the workers
+            return False
+        tasks, server = self._cost["tasks"], self._cost["server"]
+        if tasks is None:
+            return False
+        if server is None:
+            return not self._server_cannot_win(tasks)
+        faster = server < tasks
+        # the slower place is timed again every REPROBE_EVERY rounds (clients grow, the
+        # cluster's load changes): it trains until a steady round of it has been measured
+        if round_index - self._cost_round[not faster] > self.REPROBE_EVERY:
+            return faster if not faster and self._server_cannot_win(tasks) else not faster
+        return faster
+
+    def _server_cannot_win(self, tasks_per_client: float) -> bool:
+        """Whether timing the server is pointless: it trains a round's clients one after
+        another, so a client costs it at least the compute the client took in a task
+        (`seconds_per_client`); when that alone is as much as a client's share of a task
+        round (the tasks ran in parallel), the server is slower. Probing it anyway cost the
+        heavy LeNet rounds of benchmarks/peers three rounds at 1.7-2x the tasks' time."""
+        return self.seconds_per_client is not None and self.seconds_per_client >= tasks_per_client
+
+    def _record_round_time(self, round_index: int) -> None:
+        """Time the round before this call (the period between two calls) for its place,
+        when the round before it trained in the same place (steady state)."""
+        now = time.perf_counter()
+        previous, self._last_call = self._last_call, (round_index, now)
+        if previous is None or previous[0] != round_index - 1:
+            return
+        earlier = self._placement.get(round_index - 2)
+        place = self._placement.get(round_index - 1)
+        if place is None or earlier is None or earlier != place:
+            return
+        per_client = (now - previous[1]) / max(1, self._clients_of.get(round_index - 1, 1))
+        key = "server" if place else "tasks"
+        self._cost[key] = (
+            per_client if self._cost[key] is None else (0.5 * self._cost[key] + 0.5 * per_client)
+        )
+        self._cost_round[place] = round_index - 1
+
+    def _chunks(self, info: RoundInfo) -> list[np.ndarray] | None:
+        """The round's tasks (contiguous runs of its clients), or None: train in the server."""
+        ids = info.trained_ids
+        self._clients_of[info.round_index] = len(ids)
+        if self.trains_in_server(info.round_index):
+            return None
+        return chunk_clients(ids, self.tasks_for(len(ids)))
+
+    def tasks_for(self, num_clients: int) -> int:
+        """How many tasks to split the round's clients into.
+
+        `clients.per_task: auto` packs from measurement: a task should carry at least
+        MIN_TASK_SECONDS of training (about Ray's own cost of one more task here), and there
+        are never more tasks than free slots. Rounds of a few very small clients thus run in
+        one task; anything heavier spreads over every slot (measured on digits, 10 clients of
+        ~0.5 ms: 2 tasks 8.3-8.7 ms a round, 1 task 9.5-9.9 ms). Packing never changes results
+        (updates are reduced per client in client-id order), only speed.
+        """
+        per_task = self.ctx.config.clients.per_task
+        if per_task != "auto":
+            return math.ceil(num_clients / per_task)
+        if self.ctx.config.run.round_deadline_s is not None:
+            # One client per task: a late task is cancelled with all its clients, so a hanging
+            # client must not take the honest clients packed with it.
+            return num_clients
+        if self.seconds_per_client is None:  # first rounds: nothing measured yet
+            return min(num_clients, self.parallel_slots)
+        worth = int(num_clients * self.seconds_per_client / self.MIN_TASK_SECONDS)
+        return max(1, min(num_clients, self.parallel_slots, worth))
+
+    MIN_TASK_SECONDS = 0.002
+
+    def _record_client_seconds(self, stats: RoundStats) -> None:
+        """The seconds a client's training takes in a task, from a round's stats."""
+        self.rounds_run += 1
+        if stats.clients_done and stats.tasks and self.rounds_run > 1:  # round 1: start-up
+            measured = stats.client_compute_s / stats.clients_done
+            previous = self.seconds_per_client
+            self.seconds_per_client = (
+                measured if previous is None else 0.7 * previous + 0.3 * measured
+            )
+
+    def _stop_server_place(self, why: str) -> None:
+        """Train every later round in tasks, where a failing client costs only itself."""
+        if self._server_place_off:
+            return
+        self._server_place_off = True
+        self._placement.clear()  # (rounds already decided for the server are decided again)
+        print(
+            f"raysim: the server actor trained clients and {why}; clients train in tasks for "
+            f"the rest of the run",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _server_lost(self) -> None:
+        """The server actor died; if it was training clients, they are why: no more of that."""
+        if self._server_busy:
+            self._server_busy = False
+            self._stop_server_place("died (a client crashed, e.g. a segfault or out of memory)")

@@ -1,0 +1,299 @@
+"""The server actor: raysim.core.server.Server in a Ray actor, which dispatches a round's
+client tasks itself (their results come straight back to it, the owner) and folds in their
+updates (raysim.runtime.ray_round), or trains a small round's clients in its own process; and
+the driver's handle on it, which turns the actor's death into ServerLost and replaces it.
+
+Per round the actor puts the global payload once and every client task reads it from there
+(zero-copy for numpy arrays), or, when it is small, passes it by value in the task spec."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import ray
+
+from raysim.core.algorithm import RunContext
+from raysim.core.clients import chunk_clients
+from raysim.core.faults import CapacityWatch, FaultPlan, ServerLost
+from raysim.core.server import Server
+from raysim.core.state import RoundInfo, RoundStats, ServerState
+from raysim.outputs.environment import peak_rss_bytes
+from raysim.runtime.devices import task_num_gpus
+from raysim.runtime.ray_errors import one_line_error
+from raysim.runtime.ray_metrics import RoundMetrics
+from raysim.runtime.ray_round import WORKER_START_ALLOWANCE_S, RoundTasks
+from raysim.runtime.ray_tasks import _client_task, _warm_task, train_with_bundle
+
+# Payloads up to Ray's default inline size (100 KiB) go inside the task spec by value, which is
+# cheaper than a put (~1 ms here); larger ones are put in the object store once per round.
+INLINE_PAYLOAD_BYTES = 100 * 1024
+
+
+@ray.remote(num_cpus=0)
+class ServerActor:
+    """Holds the global state; dispatches a round's client tasks and folds in their updates.
+
+    The actor submits the tasks itself, so their results come straight back to it (the owner)
+    and a round costs the driver a single actor call.
+    """
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        run_ref: list,
+        test_x: np.ndarray,
+        test_y: np.ndarray,
+        client_classes: np.ndarray,
+        client_sizes: np.ndarray,
+        val_x: np.ndarray | None = None,
+        val_y: np.ndarray | None = None,
+    ) -> None:
+        self.server = Server(
+            ctx,
+            test_x,
+            test_y,
+            client_classes,
+            client_sizes=client_sizes,
+            val_x=val_x,
+            val_y=val_y,
+        )
+        self.run_ref = run_ref
+        clients = ctx.config.clients
+        cluster_gpus = ray.cluster_resources().get("GPU", 0.0)
+        num_gpus = task_num_gpus(clients.num_gpus, cluster_gpus, notice=False)  # driver tells
+        # Ray's own retries are off: a failed task comes back to run_round, which retries its
+        # clients with per-client attempts (raysim.core.faults) so results stay deterministic.
+        self.task = _client_task.options(
+            num_cpus=clients.num_cpus, num_gpus=num_gpus, max_retries=0, retry_exceptions=False
+        )
+        self.task_cpus, self.task_gpus = clients.num_cpus, num_gpus
+        self.capacity = CapacityWatch(clients.num_cpus, num_gpus)
+        self.faults = FaultPlan.from_config(ctx.config)
+        self.max_retries = clients.max_retries
+        # Tasks for a round whose clients failed inside this actor (_run_round_here).
+        self.fallback_tasks = int(ray.cluster_resources().get("CPU", 1.0) // clients.num_cpus)
+        self.deadline_s = ctx.config.run.round_deadline_s
+        # Starting a client worker (Python, torch, the run's data; 1-3 s here, more under load)
+        # is not lateness. A round that starts workers (the first one this actor runs, and any
+        # after a round that cancelled tasks) counts its deadline from the first update's
+        # arrival (or, if none arrives, WORKER_START_ALLOWANCE_S later). A late task is
+        # cancelled with force, which ends its worker (a plain cancel raises KeyboardInterrupt
+        # anywhere in the task, even inside a module's first import, and leaves a broken worker
+        # for later tasks), so the next round starts replacements. Timed from the dispatch, a
+        # 1 s deadline on 20 ms rounds trained nothing: 0 of 64 updates in 8 rounds; adding a
+        # start time measured once was not enough either (round 1 may find warm workers and
+        # measure 0.05 s, while replacements under load took seconds: 0 updates in a round).
+        self.workers_starting = True
+        self._publish_payload()
+        self._prefetched: tuple[int, float, list, list] | None = None
+        # A small next round's training, started on a thread (see _run_round_here).
+        self._prefetched_here: tuple[int, Future] | None = None
+        self._trainer: ThreadPoolExecutor | None = None
+        self.metrics = RoundMetrics(ctx.config.run.name)  # Ray dashboard: rounds, updates, bytes
+        self.nodes: Counter[str] = Counter()  # client tasks per node id
+
+    def _publish_payload(self) -> None:
+        payload = self.server.payload()
+        small = self.server.payload_nbytes() <= INLINE_PAYLOAD_BYTES
+        self.payload_arg = payload if small else ray.put(payload)
+
+    def _submit(self, round_index: int, client_ids: np.ndarray, attempts=None):
+        return self.task.remote(
+            self.run_ref,
+            self.payload_arg,
+            round_index,
+            client_ids,
+            self.server.personal_payloads(client_ids),
+            attempts if attempts is not None and np.any(attempts) else None,
+        )
+
+    def _dispatch(self, info: RoundInfo, chunks: list[np.ndarray]) -> tuple:
+        if self.deadline_s is not None and self.workers_starting:
+            self._warm_workers()
+        refs = [self._submit(info.round_index, chunk) for chunk in chunks]
+        return info.round_index, time.perf_counter(), refs, chunks
+
+    def _warm_workers(self) -> None:
+        """Start the client workers (Python, torch, the run's data) before a round with a
+        deadline is dispatched, on every slot: a task that waits for its worker to start is
+        not late. Counting from the first update alone was not enough: one slot's worker up,
+        the other's still starting, and its honest clients were cut (4 of 8 in some rounds
+        of a 1 s deadline with no slow client)."""
+        warm = _warm_task.options(num_cpus=self.task_cpus, num_gpus=self.task_gpus, max_retries=0)
+        refs = [warm.remote(self.run_ref) for _ in range(max(1, self.fallback_tasks))]
+        # (one not done by then is left to finish: cancelling it would end its worker)
+        ray.wait(refs, num_returns=len(refs), timeout=WORKER_START_ALLOWANCE_S)
+
+    def run_round(
+        self,
+        info: RoundInfo,
+        chunks: list[np.ndarray],
+        evaluate: bool,
+        next_round: tuple[RoundInfo, list[np.ndarray]] | None = None,
+    ) -> RoundStats:
+        """One round; with `next_round`, that round's tasks are dispatched as soon as this
+        round's payload exists, so they train while the driver logs and calls back (clients
+        of round t+1 depend only on the payload after round t, which is final here)."""
+        call_started = time.perf_counter()
+        if chunks is None or (
+            self._prefetched_here is not None and self._prefetched_here[0] == info.round_index
+        ):
+            return self._run_round_here(info, evaluate, next_round)
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched[0] == info.round_index:
+            _, started, task_refs, chunks = prefetched
+        else:
+            _, started, task_refs, chunks = self._dispatch(info, chunks)
+        self.server.start_round(info)
+        tasks = RoundTasks(
+            self.server,
+            functools.partial(self._submit, info.round_index),
+            info.round_index,
+            task_refs,
+            chunks,
+            max_retries=self.max_retries,
+            faults=self.faults,
+            nodes=self.nodes,
+        )
+        starting_workers, self.workers_starting = self.workers_starting, False
+        # The deadline counts from this call at the earliest: tasks dispatched ahead (with the
+        # round before) waited meanwhile for the driver, not for their clients.
+        deadline_from = max(started, call_started)
+        if tasks.collect(self.capacity, self.deadline_s, deadline_from, starting_workers):
+            self.workers_starting = True  # tasks were cancelled: the next round starts workers
+        # Wall time until the last update was folded in (folding overlaps with training).
+        clients_s = time.perf_counter() - started
+        stats = self._finish_round(
+            evaluate, clients_s, tasks.compute_s, len(task_refs), tasks.retries
+        )
+        if next_round is not None and next_round[1] is not None:
+            self._prefetched = self._dispatch(*next_round)
+        return stats
+
+    def _finish_round(
+        self, evaluate: bool, clients_s: float, compute_s: float, tasks: int, retries: int = 0
+    ) -> RoundStats:
+        """The server's end of the round, its timings, the dashboard's metrics, and the payload
+        the next round's clients get."""
+        stats = self.server.finish_round(evaluate)
+        stats.clients_s = clients_s
+        stats.client_compute_s = compute_s
+        stats.tasks = tasks
+        stats.task_retries = retries
+        self.metrics.record(stats)
+        self._publish_payload()
+        return stats
+
+    def _train_here(self, info: RoundInfo, payload, personal) -> tuple[list, float]:
+        """Train a round's clients in this process with the code and bundle a task uses (the
+        same updates, bit for bit); returns the updates and the seconds it took."""
+        return train_with_bundle(
+            self.run_ref[0], payload, info.round_index, info.trained_ids, personal
+        )
+
+    def _run_round_here(
+        self, info: RoundInfo, evaluate: bool, next_round: tuple | None
+    ) -> RoundStats:
+        """A round too small to be worth a task (RayBackend.trains_in_server): its clients
+        train in this process, then are folded in client-id order. When the next round is
+        small too, its clients start training on a thread as soon as this round's model
+        exists (their inputs are final then), so they train while this call returns and the
+        driver logs: the actor's counterpart of dispatching the next round's tasks early."""
+        prefetched, self._prefetched_here = self._prefetched_here, None
+        self.server.start_round(info)
+        try:
+            if prefetched is not None and prefetched[0] == info.round_index:
+                updates, compute_s = prefetched[1].result()
+            else:
+                updates, compute_s = self._train_here(
+                    info, self.server.payload(), self.server.personal_payloads(info.trained_ids)
+                )
+        except Exception as error:  # noqa: BLE001 - a client's, not the server's: see below
+            # A client's exception here would end the run, while a task's failure costs its
+            # client only: the round's clients train again as tasks, under the task path's
+            # rules (retries, drops), and the driver trains no later round here. Nothing was
+            # folded in yet, so the round is computed as if it had been dispatched as tasks.
+            ids = info.trained_ids
+            chunks = chunk_clients(ids, max(1, min(len(ids), self.fallback_tasks)))
+            stats = self.run_round(info, chunks, evaluate, None)
+            stats.server_place_failed = f"{type(error).__name__}: {error}"[:200]
+            return stats
+        self.server.add(updates)
+        stats = self._finish_round(evaluate, compute_s, compute_s, 0)  # 0 tasks: trained here
+        if next_round is not None:
+            next_info, next_chunks = next_round
+            if next_chunks is not None:
+                self._prefetched = self._dispatch(next_info, next_chunks)
+            elif self.server.ctx.client_state is None:  # (a store written ahead would leak
+                # round t+1's client state into a checkpoint of round t)
+                if self._trainer is None:
+                    self._trainer = ThreadPoolExecutor(1, thread_name_prefix="raysim-clients")
+                personal = self.server.personal_payloads(next_info.trained_ids)
+                future = self._trainer.submit(
+                    self._train_here, next_info, self.server.payload(), personal
+                )
+                self._prefetched_here = (next_info.round_index, future)
+        return stats
+
+    def get_state(self) -> ServerState:
+        return self.server.get_state()
+
+    def set_state(self, state: ServerState) -> None:
+        self.server.set_state(state)
+        self._prefetched = None  # dispatched against the old payload
+        self._prefetched_here = None
+        self._publish_payload()
+
+    def peak_rss_bytes(self) -> int:
+        return peak_rss_bytes()
+
+    def task_nodes(self) -> dict[str, int]:
+        return dict(self.nodes)
+
+
+class ServerHandle:
+    """The driver's side of the server actor: starts it (with `args`, the actor's arguments,
+    kept for a replacement), gets its calls' results, and replaces it when it was lost."""
+
+    def __init__(self, args: tuple, num_gpus: float) -> None:
+        self._args, self._num_gpus = args, num_gpus
+        self.actor = self._start()
+
+    def _start(self):
+        return ServerActor.options(num_gpus=self._num_gpus).remote(*self._args)
+
+    def get(self, call: ray.ObjectRef):
+        """The result of a server actor call; ServerLost if the actor (or an index shard
+        actor it calls) died: killed, crashed, its node lost, or ended by Ray's memory monitor
+        (OutOfMemoryError). The round loop then calls `restart` and replays rounds. An
+        exception the server's own code raised propagates as it is."""
+        try:
+            return ray.get(call)
+        except ray.exceptions.RayTaskError as error:
+            one_line = one_line_error(error)  # the user's input, as on the local backend
+            if one_line is not None:
+                raise one_line from None
+            cause = error.cause
+            if isinstance(cause, ray.exceptions.RayError) and not isinstance(
+                cause, ray.exceptions.RayTaskError
+            ):
+                raise ServerLost(f"an actor of the server failed: {cause}") from error
+            raise
+        except ray.exceptions.RayError as error:
+            raise ServerLost(f"the server actor failed: {error}") from error
+
+    def replace(self) -> None:
+        """A new actor in place of the lost one, started as the first was: the run's initial
+        state (init_server is deterministic given the run seed), until `set_state`."""
+        try:
+            ray.kill(self.actor)
+        except Exception:  # noqa: BLE001 - it is already gone
+            pass
+        self.actor = self._start()
+
+    def kill(self) -> None:
+        ray.kill(self.actor)
