@@ -30,12 +30,13 @@ import numpy as np
 import torch
 
 from raysim.algorithms.fedaws import positive_loss
+from raysim.assembly import plan_run
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import train_clients
 from raysim.core.fixed_point import FIXED_SCALE
-from raysim.core.loop import load_dataset, run_context, split_clients
 from raysim.core.sampling import client_generator
 from raysim.core.server import build_algorithm
+from raysim.data.datasets import load_dataset
 from raysim.models.layout import layout_of
 from raysim.models.vector import build_model, cached_model, get_vector
 
@@ -49,8 +50,8 @@ def start_worker(config_dict: dict) -> None:
     torch.set_num_threads(1)
     config = config_module.from_dict(config_dict)
     dataset = load_dataset(config)
-    split = split_clients(config, dataset)
-    ctx: RunContext = run_context(config, dataset)
+    plan = plan_run(config, dataset)
+    split, ctx = plan.split, plan.ctx
     algorithm = build_algorithm(ctx)
     model = cached_model(ctx)
     _WORKER.update(

@@ -64,11 +64,12 @@ import numpy as np
 import torch
 
 from raysim import config as config_module
+from raysim.assembly import plan_run
 from raysim.core.clients import single_class_of_clients
 from raysim.core.fixed_point import FIXED_SCALE
-from raysim.core.loop import load_dataset, run_context, split_clients
 from raysim.core.sampling import sample_clients
 from raysim.core.server import _non_finite_arrays, build_algorithm
+from raysim.data.datasets import load_dataset
 from raysim.models.layout import layout_of
 from raysim.models.vector import cached_model
 from raysim.outputs.environment import peak_rss_bytes
@@ -346,8 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     dataset = load_dataset(probe)
     config = make_config(args, int(len(np.unique(dataset.train_y))))  # one client per class
-    split = split_clients(config, dataset)
-    ctx = run_context(config, dataset)
+    plan = plan_run(config, dataset)
+    split, ctx = plan.split, plan.ctx
     algorithm = build_algorithm(ctx)
     state = algorithm.init_server(ctx)
     model = cached_model(ctx)

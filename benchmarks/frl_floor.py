@@ -49,9 +49,10 @@ import yaml
 from torch.nn import functional
 
 from raysim import config as config_module
-from raysim.core.loop import load_dataset, run_context, split_clients
+from raysim.assembly import plan_run
 from raysim.core.sampling import client_generator, sample_clients
 from raysim.core.state import RoundInfo
+from raysim.data.datasets import load_dataset
 from raysim.runtime.local import LocalBackend
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -83,8 +84,8 @@ class Workload:
         self.name = name
         self.config = workload_config(name)
         self.dataset = load_dataset(self.config)
-        self.split = split_clients(self.config, self.dataset)
-        self.ctx = run_context(self.config, self.dataset)
+        plan = plan_run(self.config, self.dataset)
+        self.split, self.ctx = plan.split, plan.ctx
         self.backend = LocalBackend(self.ctx, self.dataset, self.split)
         self.algorithm = self.backend.algorithm
         for round_index in range(warmup_rounds):  # rankings that have moved from argsort(s0)

@@ -33,7 +33,7 @@ ROUNDS, WARMUP = 20, 3
 def one_size(num_clients: int, samples_per_client: int, num_cpus: int | None) -> dict:
     """Runs in a child process: one simulation with `num_clients` registered clients."""
     from raysim import config as config_module
-    from raysim.core.loop import run
+    from raysim.assembly import run
     from raysim.outputs.environment import peak_rss_bytes
 
     baseline = peak_rss_bytes()  # after importing torch, ray and raysim

@@ -31,9 +31,10 @@ import torch
 from torch import nn
 
 from raysim import config as config_module
+from raysim.assembly import plan_run, run
 from raysim.core.algorithm import RunContext
-from raysim.core.loop import load_dataset, run, split_clients
 from raysim.core.sampling import client_generator, sample_clients
+from raysim.data.datasets import load_dataset
 from raysim.models.vector import build_model, get_vector, set_vector
 
 WORKLOADS = {
@@ -88,7 +89,7 @@ def make_config(size: str, backend: str, rounds: int):
 def plain_loop_round_times(config, threads: int) -> list[float]:
     """FedAvg written as directly as possible: no engine, no outputs, same clients and maths."""
     dataset = load_dataset(config)
-    split = split_clients(config, dataset)
+    split = plan_run(config, dataset).split
     ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
     model = build_model(ctx)
     params = get_vector(model)

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from raysim import config as config_module
-from raysim.core.loop import run
+from raysim.assembly import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # example_cli, beside this file
 from example_cli import old_method_form  # noqa: E402
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _study(args, out: Path) -> int:
-    from raysim.core.loop import load_dataset
+    from raysim.data.datasets import load_dataset
 
     settings = []  # (regime label, base raw config, methods)
     if args.data_dir or args.scale is not None:

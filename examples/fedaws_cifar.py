@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from raysim import config as config_module
-from raysim.core.loop import run
+from raysim.assembly import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # example_cli, beside this file
 from example_cli import old_method_form  # noqa: E402

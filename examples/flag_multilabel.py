@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from raysim import config as config_module
-from raysim.core.loop import load_dataset, run, run_context
+from raysim.assembly import plan_run, run
 from raysim.core.sampling import PARTITION, purpose_seed
 from raysim.data import cmda
+from raysim.data.datasets import load_dataset
 from raysim.data.partition import split_dataset
 from raysim.metrics.multilabel import rounds_to_target
 
@@ -123,7 +124,7 @@ def centralized_gmap(out: Path, seed: int, rounds: int, overrides: list[str]) ->
     )
     federated = load("flag", seed, rounds, overrides)
     dataset = load_dataset(federated)
-    ctx = run_context(federated, dataset)  # carries the CMDA clients' validation rows
+    ctx = plan_run(federated, dataset).ctx  # carries the CMDA clients' validation rows
     metrics = evaluate_multilabel(
         build_model(ctx), result.state.arrays["params"], {}, dataset.test_x, dataset.test_y, ctx
     )

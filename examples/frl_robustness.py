@@ -42,9 +42,10 @@ from pathlib import Path
 import numpy as np
 
 from raysim import config as config_module
+from raysim.assembly import plan_run, run
 from raysim.core.algorithm import RunContext
-from raysim.core.loop import load_dataset, run, split_clients
 from raysim.core.server import build_algorithm
+from raysim.data.datasets import load_dataset
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -300,7 +301,7 @@ def per_client_accuracy(cfg, state) -> list[float]:
     points, weighted by the share of that class in the client's training data (the expected
     accuracy on a test set that follows the client's labels)."""
     dataset = load_dataset(cfg)
-    split = split_clients(cfg, dataset)
+    split = plan_run(cfg, dataset).split
     ctx = RunContext(cfg, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
     algorithm = build_algorithm(ctx)
     class_accuracy = np.zeros(dataset.num_classes)

@@ -11,9 +11,9 @@ Your own algorithm, aggregator, codec, model, dataset or partitioner: name it in
 
 from raysim._version import __version__ as __version__
 from raysim.api import RunRecord, load_run, run
+from raysim.assembly import RunResult, resume
 from raysim.config import Config
 from raysim.config import load as load_config
-from raysim.core.loop import RunResult, resume
 from raysim.errors import ConfigError, DataError, RaysimError
 from raysim.plugins import plugin
 

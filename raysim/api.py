@@ -57,11 +57,11 @@ def run(
     strings as with `--set`; `out`: the output folder (default runs/NAME-TIMESTAMP);
     `address`: join a Ray cluster; `on_round(record)`: called with each round's record;
     `overwrite`: replace a run already in `out` (else such a folder is refused)."""
-    from raysim.core import loop
+    from raysim import assembly
 
     config = _as_config(config, overrides)
     out = out if out is not None else f"runs/{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return loop.run(
+    return assembly.run(
         config,
         out,
         address=address,
@@ -94,7 +94,7 @@ class RunRecord:
         if not self.data_shape:
             raise RaysimError(
                 f"{self.out_dir}: its checkpoints predate data shapes in checkpoint metadata; "
-                f"rebuild the context from the dataset (raysim.core.loop.run_context)"
+                f"rebuild the context from the dataset (raysim.assembly.plan_run)"
             )
         return RunContext(
             self.config,

@@ -234,7 +234,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 "--resume DIR continues the run with DIR/config.yaml; give no CONFIG, --out "
                 "or --overwrite with it (--set run.rounds=N extends the run)"
             )
-        from raysim.core.loop import resume
+        from raysim.assembly import resume
 
         args.run_dir = args.resume
         result = resume(
@@ -272,15 +272,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     config = config_module.load(args.config, args.overrides)
     if args.command == "partition":
-        from raysim.core.loop import load_dataset
-        from raysim.data.partition import describe_partition, split_for_run
+        from raysim.assembly.plan import partition_for_run
+        from raysim.data.datasets import load_dataset
+        from raysim.data.partition_report import describe_partition
 
         dataset = load_dataset(config)
-        result = split_for_run(config, dataset)
+        result = partition_for_run(config, dataset)
         print(describe_partition(result, dataset, max_rows=args.rows))
         return 0
 
-    from raysim.core.loop import run
+    from raysim.assembly import run
 
     out = args.out or f"runs/{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     args.run_dir = out

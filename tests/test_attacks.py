@@ -255,7 +255,7 @@ ROUNDS = 20
 
 
 def _accuracy(tmp_path_factory, *overrides: str) -> float:
-    from raysim.core.loop import run
+    from raysim.assembly import run
 
     cfg = config.load(
         CONFIGS / "fedavg_trimmed_mean_digits.yaml",
@@ -285,7 +285,7 @@ def test_naive_scaling_breaks_fedavg_but_not_trimmed_mean_or_median(tmp_path_fac
 
 
 def test_sign_flip_minority_does_not_stop_signsgd(tmp_path_factory):
-    from raysim.core.loop import run
+    from raysim.assembly import run
 
     cfg = config.load(
         CONFIGS / "signsgd_digits.yaml",
@@ -307,7 +307,7 @@ def test_attacker_pool_informs_the_attack_but_is_never_aggregated_or_counted():
     """Pool clients are trained for the attacker only: counts and bytes match a pool-free run,
     and frl-free attacks that use only their own update (naive scaling) are unaffected."""
     from raysim import config
-    from raysim.core.loop import run
+    from raysim.assembly import run
 
     def go(pool: int, tmp: str):
         cfg = config.load(

@@ -146,15 +146,17 @@ FRL_SMALL = ("algorithm.name=frl", "clients.lr=0.4", "clients.local_epochs=1")
 
 def _round_updates(digits_config, *overrides):
     """A local backend after one round's client training: (backend, info, updates)."""
+    from raysim.assembly import plan_run
     from raysim.core.clients import train_clients
-    from raysim.core.loop import load_dataset, run_context, split_clients
     from raysim.core.sampling import sample_clients
+    from raysim.data.datasets import load_dataset
     from raysim.runtime.local import LocalBackend
 
     cfg = digits_config(*SMALL, *overrides)
     dataset = load_dataset(cfg)
-    split = split_clients(cfg, dataset)
-    backend = LocalBackend(run_context(cfg, dataset), dataset, split)
+    plan = plan_run(cfg, dataset)
+    split = plan.split
+    backend = LocalBackend(plan.ctx, dataset, split)
     ids = sample_clients(cfg.run.seed, 0, split.num_clients, cfg.clients.per_round)
     info = RoundInfo(0, ids)
     server = backend.server
@@ -287,7 +289,7 @@ def test_a_round_where_every_update_is_rejected_keeps_the_model(digits_config):
 def _run_with_a_bad_client(digits_config, tmp_path, monkeypatch, algorithm_class, corrupt, drop):
     """One local run in which the middle client of round 0 misbehaves; with `drop`, that
     client's update is removed before the server sees it (the reference)."""
-    from raysim.core.loop import run
+    from raysim.assembly import run
     from raysim.core.sampling import sample_clients
     from raysim.core.server import Server
 
@@ -419,7 +421,7 @@ def _run_with_a_poisoning_client(digits_config, tmp_path, monkeypatch, overrides
     """Client 0 sends a delta with one coordinate set to `value` whenever it is sampled;
     with `drop` its updates never reach the server (the reference)."""
     from raysim.algorithms.fedavg import FedAvg
-    from raysim.core.loop import run
+    from raysim.assembly import run
     from raysim.core.server import Server
 
     original = FedAvg.client_update

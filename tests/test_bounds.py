@@ -38,10 +38,10 @@ def test_absurd_local_epochs_are_refused_when_the_config_is_read():
 
 def test_a_local_step_count_beyond_the_bound_is_refused_before_round_one(monkeypatch):
     import raysim
-    from raysim.core import loop
+    from raysim.assembly import plan
 
     # digits' largest client of 8 holds ~170 rows: 11 steps an epoch at batch 16
-    monkeypatch.setattr(loop, "MAX_LOCAL_STEPS", 1000)
+    monkeypatch.setattr(plan, "MAX_LOCAL_STEPS", 1000)
     overrides = ["runtime.backend=local", "partition.num_clients=8", "clients.per_round=2",
                  "clients.local_epochs=100", "model.hidden=[16]"]  # fmt: skip
     with pytest.raises(raysim.RaysimError, match="local steps a round") as caught:
@@ -67,14 +67,14 @@ def test_a_model_too_large_for_the_machine_is_refused_before_allocation():
 
 
 def test_a_million_client_dirichlet_split_of_digits_is_refused_at_once():
-    from raysim.core.loop import load_dataset
-    from raysim.data.partition import split_for_run
+    from raysim.assembly.plan import partition_for_run
+    from raysim.data.datasets import load_dataset
 
     config = config_module.load(DIGITS, ["runtime.backend=local", "partition.num_clients=1000000"])
     dataset = load_dataset(config)
     started = time.process_time()
     with pytest.raises(ConfigError, match="partition.num_clients") as caught:
-        split_for_run(config, dataset)
+        partition_for_run(config, dataset)
     assert time.process_time() - started < 1.0
     _one_line(caught)
     # as many clients as rows cannot give every client min_size >= 1 rows of a skewed split
@@ -82,7 +82,7 @@ def test_a_million_client_dirichlet_split_of_digits_is_refused_at_once():
     config = config_module.load(DIGITS, ["runtime.backend=local", f"partition.num_clients={rows}"])
     started = time.process_time()
     with pytest.raises(ConfigError, match="min_size") as caught:
-        split_for_run(config, dataset)
+        partition_for_run(config, dataset)
     assert time.process_time() - started < 1.0
     _one_line(caught)
 

@@ -13,7 +13,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from raysim.core.loop import find_resume_point
+from raysim.assembly.resume import find_resume_point
 from raysim.core.state import ServerState
 from raysim.outputs import RunOutputs
 

@@ -22,7 +22,7 @@ import pytest
 
 from raysim import cli
 from raysim import config as config_module
-from raysim.core.loop import resume, run
+from raysim.assembly import resume, run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = REPO_ROOT / "configs" / "fedavg_digits.yaml"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from raysim import config as config_module
-from raysim.core.loop import run
+from raysim.assembly import run
 from raysim.runtime.ray_backend import RayBackend
 
 BAD_CLIENT = 39  # sampled in round 2 only (seed 0, 100 clients, 10 a round)

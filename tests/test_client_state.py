@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from raysim import config as config_module
-from raysim.core.loop import run
+from raysim.assembly import run
 from raysim.runtime.client_state import PREFIX, InProcessClientState
 
 CONFIG = {

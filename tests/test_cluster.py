@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from raysim import config as config_module
-from raysim.core.loop import run
+from raysim.assembly import run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from raysim import config as config_module
+from raysim.assembly import run
 from raysim.core.faults import FaultPlan
-from raysim.core.loop import run
 from raysim.core.sampling import sample_clients
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raysim import config
-from raysim.core.loop import run
+from raysim.assembly import run
 from raysim.runtime import devices
 
 # One small run per method: (shipped config, overrides that make it a few seconds).

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.core.loop import run
+from raysim.assembly import run
 from raysim.runtime import devices
 
 ROUNDS = 2

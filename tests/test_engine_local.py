@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from raysim import config
-from raysim.core.loop import load_dataset, run, split_clients
+from raysim.assembly import plan_run, run
+from raysim.data.datasets import load_dataset
 from raysim.outputs.checkpoints import load_checkpoint
 
 ROUNDS = 15
@@ -288,7 +289,7 @@ def test_partition_cli_matches_the_split_the_run_uses(run_cli, digits_config_pat
     assert result.returncode == 0, result.stderr
     cfg = config.load(digits_config_path)
     dataset = load_dataset(cfg)
-    split = split_clients(cfg, dataset)
+    split = plan_run(cfg, dataset).split
     sizes = split.sizes
     rows = [m.groups() for m in map(_ROW.match, result.stdout.splitlines()) if m]
     assert [int(size) for _, size, _ in rows] == sizes[:5].tolist()
@@ -300,18 +301,19 @@ def test_partition_cli_matches_the_split_the_run_uses(run_cli, digits_config_pat
 
 
 def test_partition_cache_is_written_once_and_reused(digits_config, tmp_path):
-    from raysim.core.loop import load_dataset, split_clients
+    from raysim.assembly import plan_run
+    from raysim.data.datasets import load_dataset
 
     cfg = digits_config(f"partition.cache_dir={tmp_path / 'cache'}")
     dataset = load_dataset(cfg)
-    first = split_clients(cfg, dataset)
+    first = plan_run(cfg, dataset).split
     files = list((tmp_path / "cache").glob("split_*.parquet"))
     assert len(files) == 1
     stamp = files[0].stat().st_mtime_ns
-    second = split_clients(cfg, dataset)  # read back from the parquet file
+    second = plan_run(cfg, dataset).split  # read back from the parquet file
     assert files[0].stat().st_mtime_ns == stamp
     assert np.array_equal(first.indices, second.indices)
     assert np.array_equal(first.offsets, second.offsets)
-    other = split_clients(cfg.replace(partition__alpha=5.0), dataset)  # another key, another file
+    other = plan_run(cfg.replace(partition__alpha=5.0), dataset).split  # another key, another file
     assert len(list((tmp_path / "cache").glob("split_*.parquet"))) == 2
     assert not np.array_equal(first.offsets, other.offsets)

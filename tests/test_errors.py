@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from raysim import config
-from raysim.core.loop import run
+from raysim.assembly import run
 from raysim.errors import ConfigError, DataError, RaysimError
 
 

@@ -13,8 +13,8 @@ import pytest
 from test_fedaws import TINY as TINY_FEDAWS_SETTING
 
 from raysim import config as config_module
+from raysim.assembly import run, start_backend
 from raysim.core.faults import EXCEPTION, EXIT, FaultPlan, InjectedClientFailure
-from raysim.core.loop import _start, run
 from raysim.core.sampling import sample_clients
 from raysim.errors import ConfigError
 
@@ -147,7 +147,7 @@ def test_a_round_whose_every_client_is_dropped_keeps_the_model(tmp_path):
         "faults.client_failure_rate=1.0",
         "clients.max_retries=0",
     )
-    backend = _start(config, None)
+    backend = start_backend(config, None)
     initial = backend.get_state()  # round 0 of a fresh server
     backend.shutdown()
     result = _run(config, tmp_path)

@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from raysim import config as config_module
-from raysim.algorithms.fedaws_wire import Broadcast
 from raysim.algorithms.fedaws import FedAwS, positive_loss
+from raysim.algorithms.fedaws_wire import Broadcast
+from raysim.assembly import plan_run, run
 from raysim.core.clients import single_class_of_clients, train_clients
 from raysim.core.fixed_point import to_fixed
-from raysim.core.loop import load_dataset, run, run_context, split_clients
 from raysim.core.server import Server
 from raysim.core.state import RoundInfo
+from raysim.data.datasets import load_dataset
 from raysim.metrics.xml import mean_pairwise_cosine, precision_at_k
 
 TINY = {
@@ -85,8 +86,8 @@ def test_precision_at_k_and_mean_cosine():
 def tiny_setup():
     config = tiny_config()
     dataset = load_dataset(config)
-    split = split_clients(config, dataset)
-    ctx = run_context(config, dataset)
+    plan = plan_run(config, dataset)
+    split, ctx = plan.split, plan.ctx
     classes = single_class_of_clients(dataset.train_y, split.indices, split.offsets)
     return config, dataset, split, ctx, classes
 
@@ -127,7 +128,7 @@ def test_client_payload_is_only_its_own_row(tiny_setup):
 
 def test_server_writes_back_rows_and_never_averages_W(tiny_setup):
     config, dataset, split, ctx, classes = tiny_setup
-    ctx = run_context(tiny_config(algorithm__spreadout="none"), dataset)
+    ctx = plan_run(tiny_config(algorithm__spreadout="none"), dataset).ctx
     server = Server(ctx, dataset.test_x, dataset.test_y, classes)
     before = server.state.arrays["class_embeddings"].copy()
     ids = np.array([1, 4, 9, 20])

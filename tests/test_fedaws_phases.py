@@ -12,19 +12,20 @@ import pytest
 import torch
 
 from raysim import config as config_module
-from raysim.metrics import xml_scale as metrics
 from raysim.algorithms import fedaws_fast as fedaws_module
 from raysim.algorithms import spreadout
 from raysim.algorithms.class_embedding import ClassEmbeddingMethod, normalize_rows
+from raysim.assembly import plan_run
 from raysim.core import server_optimizers
 from raysim.core.clients import single_class_of_clients, train_clients
-from raysim.core.loop import load_dataset, run_context, split_clients
 from raysim.core.server import Server
 from raysim.core.server_optimizers import ServerAdagrad, ServerAdam, ServerSGD
 from raysim.core.state import RoundInfo, ServerState
+from raysim.data.datasets import load_dataset
 from raysim.index import build_index
 from raysim.index.base import server_threads
 from raysim.index.exact import exact_dot
+from raysim.metrics import xml_scale as metrics
 from raysim.metrics.xml import mean_pairwise_cosine as direct_mean_pairwise_cosine
 
 TINY = {
@@ -114,14 +115,14 @@ def test_in_place_step_is_refused_when_it_could_overflow_or_cannot_write():
 def tiny():
     config = config_module.from_dict(TINY)
     dataset = load_dataset(config)
-    split = split_clients(config, dataset)
+    split = plan_run(config, dataset).split
     classes = single_class_of_clients(dataset.train_y, split.indices, split.offsets)
     return config, dataset, split, classes
 
 
 def _aggregates(config, dataset, split, classes, rounds: int):
     """Each round's reduced aggregate, from a server run the copying way."""
-    ctx = run_context(config, dataset)
+    ctx = plan_run(config, dataset).ctx
     server = Server(ctx, dataset.test_x, dataset.test_y, classes)
     server.algorithm._in_place_update = lambda *args: None  # the copying update only
     aggregates, states = [], [server.state]
@@ -144,7 +145,7 @@ def _aggregates(config, dataset, split, classes, rounds: int):
                 server.personal_payloads(ids),
             )
         )
-        aggregates.append(server._reduced)
+        aggregates.append(server._fold.reduced)
         server.finish_round(evaluate=False)
         states.append(server.state)
     return ctx, aggregates, states
@@ -333,7 +334,7 @@ def test_evaluate_equals_the_direct_evaluation(tiny, algorithm, monkeypatch):
     _, dataset, split, classes = tiny
     options = TINY["algorithm"] if algorithm == "fedaws" else {"name": algorithm}
     config = config_module.from_dict({**TINY, "algorithm": options})
-    ctx = run_context(config, dataset)
+    ctx = plan_run(config, dataset).ctx
     method = Server(ctx, dataset.test_x, dataset.test_y, classes).algorithm
     state = method.init_server(ctx)
     direct = ClassEmbeddingMethod.evaluate(method, state, dataset.test_x, dataset.test_y, ctx)

@@ -127,10 +127,11 @@ def test_a_client_dense_delta_is_folded_where_it_lies_and_is_refused_once_stale(
     values."""
     from raysim import config as config_module
     from raysim.algorithms.fedaws_wire import DenseDelta
+    from raysim.assembly import plan_run
     from raysim.core.clients import single_class_of_clients
-    from raysim.core.loop import load_dataset, run_context, split_clients
     from raysim.core.sampling import client_generator
     from raysim.core.server import build_algorithm
+    from raysim.data.datasets import load_dataset
     from raysim.models.layout import layout_of
     from raysim.models.vector import cached_model
 
@@ -158,8 +159,8 @@ def test_a_client_dense_delta_is_folded_where_it_lies_and_is_refused_once_stale(
         }
     )
     dataset = load_dataset(config)
-    split = split_clients(config, dataset)
-    ctx = run_context(config, dataset)
+    plan = plan_run(config, dataset)
+    split, ctx = plan.split, plan.ctx
     algorithm = build_algorithm(ctx)
     state = algorithm.init_server(ctx)
     classes = single_class_of_clients(dataset.train_y, split.indices, split.offsets)

@@ -8,7 +8,7 @@ import pytest
 
 from raysim import config as config_module
 from raysim.algorithms.flag import FLAG, label_weights
-from raysim.core.loop import run
+from raysim.assembly import run
 from raysim.errors import ConfigError
 
 CONFIG = {

@@ -22,10 +22,10 @@ from torch import nn
 
 from raysim import config
 from raysim.algorithms.frl import FRL, positions_of, ranking_of, vote
+from raysim.assembly import run
 from raysim.core import rankcodec
 from raysim.core.aggregators import total
 from raysim.core.algorithm import RunContext
-from raysim.core.loop import run
 from raysim.core.sampling import model_init_seed
 from raysim.core.validation import wire_format
 from raysim.errors import ConfigError

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from raysim import config as config_module
+from raysim.assembly import resume, run
 from raysim.core.faults import LOST_CAPACITY_S, CapacityLost, CapacityWatch
-from raysim.core.loop import resume, run
 from raysim.errors import RaysimError
 from raysim.runtime.local import LocalBackend
 

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from raysim.core.loop import newest_usable_checkpoint
+from raysim.assembly.resume import newest_usable_checkpoint
 from raysim.core.state import ServerState
 from raysim.errors import RaysimError
 from raysim.outputs import RunOutputs
@@ -47,7 +47,7 @@ def test_mnist_idx_is_checked_before_it_is_read_whole(tmp_path):
 
     import pytest
 
-    from raysim.data.datasets import _read_idx
+    from raysim.data.idx import _read_idx
     from raysim.errors import DataError
 
     # a 1 MB .gz of zeros whose header promises far more than deflate could hold
@@ -114,7 +114,7 @@ def test_a_run_that_trains_nothing_for_several_rounds_stops_and_says_why(digits_
     round ended with exit 0 and the initial model. After `run.max_idle_rounds` such rounds in
     a row it now stops with a RaysimError (exit status 2 from the CLI) naming the rounds and the
     cause; the rounds it ran stay in metrics.jsonl."""
-    from raysim.core.loop import run
+    from raysim.assembly import run
 
     failing = ("run.rounds=8", "faults.client_failure_rate=1.0", "clients.max_retries=0")
     with pytest.raises(RaysimError, match=r"rounds 1-5 left the model unchanged .*50 dropped"):

@@ -9,16 +9,14 @@ from raysim.data.datasets import Dataset
 from raysim.data.partition import (
     ClientSplit,
     PartitionResult,
-    describe_split,
     dirichlet_split,
     iid_split,
-    label_histograms,
-    label_skew,
     natural_split,
     one_class_split,
     shards_split,
     split_dataset,
 )
+from raysim.data.partition_report import describe_split, label_histograms, label_skew
 from raysim.errors import ConfigError
 
 NUM_CLASSES = 10

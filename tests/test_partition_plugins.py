@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from raysim import config, registry
-from raysim.core.loop import load_dataset, run, run_context, split_clients
-from raysim.data import partition
+from raysim.assembly import plan_run, run
+from raysim.assembly.plan import partition_for_run
+from raysim.data.datasets import load_dataset
 from raysim.errors import ConfigError
 
 PLUGIN = '''
@@ -65,7 +66,6 @@ def blockpart(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     registry.partitioners.register("blocks", "blockpart:blocks")
     registry.partitioners.register("blocks_val", "blockpart:blocks_with_validation")
-    monkeypatch.setattr(partition, "_LAST_RUN_SPLIT", None)
     try:
         import blockpart
 
@@ -90,7 +90,7 @@ def test_a_run_uses_a_partitioner_from_the_researchers_own_file(
     assert result.summary["num_clients"] == 10 and result.summary["rounds"] == 2
     assert result.summary["clients_done"] == 2 * 3
     assert blockpart.CALLS and all(call[1::2] == (10, 12) for call in blockpart.CALLS)
-    split = split_clients(cfg, load_dataset(cfg))
+    split = plan_run(cfg, load_dataset(cfg)).split
     np.testing.assert_array_equal(split.sizes, np.full(10, 12))
     np.testing.assert_array_equal(split.indices, np.arange(120))
 
@@ -115,21 +115,20 @@ def test_plugin_options_are_checked_when_the_config_is_read(blockpart, digits_co
 def test_a_plugins_own_value_check_is_one_config_error(blockpart, digits_config_path):
     cfg = _config(digits_config_path, "partition.name=blocks", "partition.block=1000")
     with pytest.raises(ConfigError, match=r"^'partition\.block' must be in \[1, \d+\], got 1000$"):
-        split_clients(cfg, load_dataset(cfg))
+        plan_run(cfg, load_dataset(cfg))
 
 
 def test_a_plugins_validation_split_reaches_the_run_context(blockpart, digits_config_path):
     cfg = _config(digits_config_path, "partition.name=blocks_val", "partition.block=5")
     dataset = load_dataset(cfg)
-    ctx = run_context(cfg, dataset)
-    validation = ctx.client_validation
+    plan = plan_run(cfg, dataset)
+    validation = plan.ctx.client_validation
     assert validation is not None and validation.num_clients == 10
     np.testing.assert_array_equal(
         validation.client_indices(1), np.arange(1, len(dataset.test_y), 10)
     )
-    assert len(blockpart.CALLS) == 1  # split_clients now reuses the same result
-    np.testing.assert_array_equal(split_clients(cfg, dataset).sizes, np.full(10, 5))
-    assert len(blockpart.CALLS) == 1
+    assert len(blockpart.CALLS) == 1  # the plan partitions once for the split and the context
+    np.testing.assert_array_equal(plan.split.sizes, np.full(10, 5))
 
 
 def test_split_cache_keeps_validation_and_changes_with_an_option(
@@ -138,20 +137,15 @@ def test_split_cache_keeps_validation_and_changes_with_an_option(
     cache = tmp_path / "cache"
     base = ("partition.name=blocks_val", f"partition.cache_dir={cache}")
     dataset = load_dataset(_config(digits_config_path, *base))
-    first = partition.split_for_run(
-        _config(digits_config_path, *base, "partition.block=5"), dataset
-    )
+    first = partition_for_run(_config(digits_config_path, *base, "partition.block=5"), dataset)
     assert len(list(cache.glob("split_*.parquet"))) == 2  # training + validation
-    monkeypatch.setattr(partition, "_LAST_RUN_SPLIT", None)
     calls = len(blockpart.CALLS)
-    again = partition.split_for_run(
-        _config(digits_config_path, *base, "partition.block=5"), dataset
-    )
+    again = partition_for_run(_config(digits_config_path, *base, "partition.block=5"), dataset)
     assert len(blockpart.CALLS) == calls  # read from the cache
     for a, b in ((first.train, again.train), (first.validation, again.validation)):
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_array_equal(a.offsets, b.offsets)
-    partition.split_for_run(_config(digits_config_path, *base, "partition.block=6"), dataset)
+    partition_for_run(_config(digits_config_path, *base, "partition.block=6"), dataset)
     assert len(blockpart.CALLS) == calls + 1 and len(list(cache.glob("split_*.parquet"))) == 4
 
 
@@ -160,7 +154,7 @@ def test_builtin_partitioners_refuse_label_shapes_they_cannot_split(digits_confi
     with pytest.raises(
         ConfigError, match=r"^partition 'kmodes' clusters multi-hot .*single-label$"
     ):
-        split_clients(cfg, load_dataset(cfg))
+        plan_run(cfg, load_dataset(cfg))
     cfg = _config(digits_config_path, "partition.name=natural")
     with pytest.raises(ConfigError, match=r"^partition 'natural': dataset 'digits' has no natural"):
-        split_clients(cfg, load_dataset(cfg))
+        plan_run(cfg, load_dataset(cfg))

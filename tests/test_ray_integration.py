@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from raysim.core.loop import run
+from raysim.assembly import run
 from raysim.outputs.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.ray

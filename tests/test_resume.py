@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from raysim.core.loop import run
+from raysim.assembly import run
 from raysim.outputs.checkpoints import load_checkpoint
 
 ROUNDS = 6

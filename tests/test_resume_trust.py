@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from raysim.core.loop import resume, run
+from raysim.assembly import resume, run
 from raysim.errors import RaysimError
 from raysim.outputs.checkpoints import load_checkpoint
 

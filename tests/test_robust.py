@@ -377,7 +377,7 @@ def test_topk_client_sends_8k_bytes_and_decodes_exactly(ctx, client_data):
     ],
 )
 def test_compressed_baselines_learn_with_exact_bytes(tmp_path, name, bytes_up_per_client, accuracy):
-    from raysim.core.loop import run
+    from raysim.assembly import run
 
     cfg = config.load(
         REPO_ROOT / "configs" / f"{name}_digits.yaml",

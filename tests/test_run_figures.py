@@ -7,7 +7,7 @@ import numpy as np
 from PIL import Image
 
 from raysim import config
-from raysim.core.loop import run
+from raysim.assembly import run
 
 
 def test_a_run_writes_its_curves_and_hparams(tmp_path):

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from raysim.core.loop import run
+from raysim.assembly import run
 from raysim.outputs import RunOutputs
 from raysim.outputs.tensorboard import heatmap_image, tensorboard_scalars
 

@@ -14,8 +14,8 @@ import pytest
 from test_hostile_input import FORMATS, dataset_folders  # noqa: F401 - a fixture
 
 from raysim import config, registry
-from raysim.core.loop import load_dataset, run, run_context
-from raysim.data.datasets import carve_validation, validation_rows
+from raysim.assembly import plan_run, run
+from raysim.data.datasets import carve_validation, load_dataset, validation_rows
 from raysim.data.partition import split_dataset
 
 EMBEDDED = {
@@ -135,7 +135,7 @@ def test_a_run_reports_validation_and_test_apart(tmp_path):
     assert record["val"] == result.summary["final_val"]
     assert record["eval"]["gmap"] != record["val"]["gmap"]
     # the clients' validation rows are rows of the validation split, not of the test split
-    ctx = run_context(cfg, load_dataset(cfg))
+    ctx = plan_run(cfg, load_dataset(cfg)).ctx
     dataset = load_dataset(cfg)
     assert ctx.client_validation_of_val.indices.max() < len(dataset.val_y)
     assert ctx.client_validation.indices.max() < len(dataset.test_y)

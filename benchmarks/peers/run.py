@@ -131,16 +131,17 @@ def export_workload(name: str, spec: dict[str, Any], rounds: int, path: Path) ->
     import torch
 
     from raysim import config as config_module
+    from raysim.assembly import plan_run
     from raysim.core.algorithm import RunContext
-    from raysim.core.loop import load_dataset, split_clients
     from raysim.core.sampling import client_generator, sample_clients
+    from raysim.data.datasets import load_dataset
     from raysim.models.vector import build_model, get_vector
 
     config = config_module.from_dict({}, spec["overrides"] + [f"run.rounds={rounds}"])
     if config.algorithm.name != "fedavg" or config.clients.momentum or config.clients.weight_decay:
         raise SystemExit(f"{name}: the peers implement FedAvg with plain SGD only")
     dataset = load_dataset(config)
-    split = split_clients(config, dataset)
+    split = plan_run(config, dataset).split
     ctx = RunContext(config, tuple(dataset.train_x.shape[1:]), dataset.num_classes)
     model = build_model(ctx)
     seed, clients = config.run.seed, config.clients

@@ -56,6 +56,15 @@ class RunContext:
     def seed(self) -> int:
         return self.config.run.seed
 
+    def data_shape(self) -> dict[str, Any]:
+        """What rebuilding the model needs besides the config, kept in each checkpoint's
+        metadata (raysim.load_run reads it back into a RunContext)."""
+        return {
+            "input_shape": list(self.input_shape),
+            "num_classes": int(self.num_classes),
+            "num_features": self.num_features,
+        }
+
     @property
     def client_threads(self) -> int:
         """Torch threads inside a client task = the CPUs the task reserves (at least one)."""
@@ -175,11 +184,46 @@ _CALLABLE_HOOKS = (
 )
 
 
+@dataclass(frozen=True)
+class AlgorithmHooks:
+    """An algorithm's optional hooks and declarations, looked up once (`AlgorithmHooks.of`):
+    the engine reads these fields instead of probing the algorithm object, and None means the
+    algorithm does not have that hook (the protocol above says what each one does)."""
+
+    labels: str = "any"  # "single", "multi" or "any": the label shapes it trains on
+    update_layout: Any = None
+    default_codec: Any = "dense"
+    configurable_codec: bool = True
+    shared_mask: Any = None
+    check_aggregator: Any = None
+    observe_contributions: Any = None
+    client_payload: Any = None
+    task_reducer: Any = None
+    merge_reduced: Any = None
+    finish_reduced: Any = None
+    update_delta_of: str | None = None
+    state_restored: Any = None
+    uses_client_state: bool = False
+
+    @classmethod
+    def of(cls, algorithm: Any) -> AlgorithmHooks:
+        """The hooks `algorithm` (an instance, or its class) defines; the rest keep their
+        defaults. The one place the engine looks for optional members of an algorithm."""
+        found = {
+            f.name: getattr(algorithm, f.name) for f in fields(cls) if hasattr(algorithm, f.name)
+        }
+        return cls(**found)
+
+    @property
+    def reduces_in_task(self) -> bool:
+        return self.task_reducer is not None
+
+
 def check_labels(algorithm: Any, name: str, ctx: Any) -> None:
     """An algorithm declaring `labels = "single"` (or "multi") refuses the other kind of data
     in one line, before any client trains (instead of an error deep inside a loss)."""
-    wants = getattr(algorithm, "labels", "any")
-    multilabel = bool(getattr(ctx, "multilabel", False))
+    wants = AlgorithmHooks.of(algorithm).labels
+    multilabel = bool(ctx.multilabel)
     if wants == "single" and multilabel:
         raise_config(
             f"algorithm '{name}' trains on single-label data, but the dataset has multi-hot "

@@ -21,8 +21,12 @@ and, started:
     restart(state: ServerState | None)   a lost server (ServerLost) comes back at `state`
     get_state() -> ServerState;  set_state(state)
     server_peak_rss_bytes() -> int;  describe() -> str (one line for the run's header)
+    task_nodes() -> dict[str, int] | None   client tasks per node id (None: no tasks)
     shutdown()   release everything started, including a Ray the backend started itself
-    task_nodes() -> dict[str, int]   optional: client tasks per node id
+
+`check_backend` refuses a class that lacks one of these methods before anything starts, and
+`check_started_backend` a started backend that lacks `name`, `dataset`, `split` or `ctx`, so a
+plug-in missing a member the round loop uses fails in one line at start, not after its rounds.
 
 Results must not depend on the backend: clients are trained from (seed, round, client id)
 alone and updates are folded in client-id order (raysim.core.server.Server does the folding).
@@ -62,10 +66,25 @@ class Backend(Protocol):
 
     def describe(self) -> str: ...
 
+    def task_nodes(self) -> dict[str, int] | None: ...
+
     def shutdown(self) -> None: ...
 
 
-REQUIRED = ("start", "run_round", "restart", "get_state", "set_state", "describe", "shutdown")
+# Every method the round loop and the assembly call (raysim.core.loop, raysim.assembly).
+REQUIRED = (
+    "start",
+    "run_round",
+    "restart",
+    "get_state",
+    "set_state",
+    "server_peak_rss_bytes",
+    "describe",
+    "task_nodes",
+    "shutdown",
+)
+# Every attribute a started backend must have.
+REQUIRED_ATTRIBUTES = ("name", "dataset", "split", "ctx")
 
 
 def check_backend(backend_class: Any, name: str) -> None:
@@ -76,5 +95,18 @@ def check_backend(backend_class: Any, name: str) -> None:
     if missing:
         raise ConfigError(
             f"backend '{name}' ({getattr(backend_class, '__name__', backend_class)}) lacks "
+            f"{', '.join(missing)} (see raysim.core.backend)"
+        )
+
+
+def check_started_backend(backend: Any, name: str) -> None:
+    """One line naming the attributes a started backend lacks (it is shut down first)."""
+    from raysim.errors import ConfigError
+
+    missing = [a for a in REQUIRED_ATTRIBUTES if not hasattr(backend, a)]
+    if missing:
+        backend.shutdown()
+        raise ConfigError(
+            f"backend '{name}' ({type(backend).__name__}) started without "
             f"{', '.join(missing)} (see raysim.core.backend)"
         )

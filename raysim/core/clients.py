@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from raysim.core.algorithm import RunContext
+from raysim.core.algorithm import AlgorithmHooks, RunContext
 from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
 from raysim.core.sampling import client_generator
@@ -50,7 +50,7 @@ def train_clients(
         raise ValueError(
             f"{len(personal_payloads)} personal payloads for {len(client_ids)} clients"
         )
-    make_reducer = getattr(algorithm, "task_reducer", None)
+    make_reducer = AlgorithmHooks.of(algorithm).task_reducer
     reducer = make_reducer(ctx) if make_reducer is not None else None
     # Updates leave the task encoded by the run's codec (what crosses the wire).
     codec, layout = wire_format(algorithm, ctx) if reducer is None else (None, None)

@@ -73,6 +73,28 @@ class Codec:
         return encoded_nbytes(message)
 
 
+class ForeignCodec(Codec):
+    """A plug-in codec that does not subclass Codec, wrapped once (`as_codec`): the optional
+    methods it lacks (`check`, `check_decoded`, `nbytes`, `decoded_dtype`) take Codec's
+    defaults, so the engine calls every codec the same way."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.encode = inner.encode
+        self.decode = inner.decode
+        for name in ("decoded_dtype", "check", "check_decoded", "nbytes"):
+            if hasattr(inner, name):
+                setattr(self, name, getattr(inner, name))
+
+    def __repr__(self) -> str:
+        return f"ForeignCodec({self.inner!r})"
+
+
+def as_codec(codec: Any) -> Codec:
+    """`codec` as a Codec: itself if it subclasses Codec, else wrapped in a ForeignCodec."""
+    return codec if isinstance(codec, Codec) else ForeignCodec(codec)
+
+
 # --- shared checks -------------------------------------------------------------------------------
 
 
@@ -300,15 +322,14 @@ class SharedEntries(Codec):
     the entries that stay on the client decode to zero (the algorithm's `shared_mask`)."""
 
     def __init__(self, inner: Any, shared: np.ndarray) -> None:
-        self.inner = inner
+        self.inner = as_codec(inner)
         self.shared = np.asarray(shared, dtype=bool)
 
     def _inner_layout(self, layout: VectorLayout) -> VectorLayout:
         return VectorLayout(int(np.count_nonzero(self.shared)), layout.dtype)
 
     def decoded_dtype(self, layout: VectorLayout) -> np.dtype | None:
-        inner = getattr(self.inner, "decoded_dtype", None)
-        return inner(self._inner_layout(layout)) if inner is not None else layout.dtype
+        return self.inner.decoded_dtype(self._inner_layout(layout))
 
     def encode(self, vector: np.ndarray, layout: VectorLayout) -> Any:
         return self.inner.encode(vector[self.shared], self._inner_layout(layout))
@@ -320,9 +341,7 @@ class SharedEntries(Codec):
         return full
 
     def check(self, message: Any, layout: VectorLayout) -> str | None:
-        check = getattr(self.inner, "check", None)
-        return check(message, self._inner_layout(layout)) if check is not None else None
+        return self.inner.check(message, self._inner_layout(layout))
 
     def nbytes(self, message: Any) -> int:
-        count = getattr(self.inner, "nbytes", None)
-        return int(count(message)) if count is not None else encoded_nbytes(message)
+        return int(self.inner.nbytes(message))

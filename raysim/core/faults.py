@@ -58,6 +58,9 @@ class CapacityLost(RaysimError):
     """No node of the cluster could run a client task for LOST_CAPACITY_S: the round loop
     checkpoints the last finished round and stops with one line (raysim.runtime.ray_backend)."""
 
+    # The rounds finished when it was raised: set by the round loop (raysim.core.loop).
+    rounds_done: int | None = None
+
 
 # How long a round waits while no live node has the resources of one client task (its CPUs,
 # its GPUs) before the run stops: long enough for a node to restart or an autoscaler to add one.
@@ -105,9 +108,7 @@ class FaultPlan:
     @classmethod
     def from_config(cls, config) -> FaultPlan | None:
         """The run's plan, or None when no fault is configured."""
-        faults = getattr(config, "faults", None)
-        if faults is None:
-            return None
+        faults = config.faults
         straggles = faults.straggler_rate > 0 and faults.straggler_delay_s > 0
         if faults.client_failure_rate <= 0 and not straggles:
             return None

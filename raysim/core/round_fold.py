@@ -19,9 +19,7 @@ class RoundFold:
 
     def __init__(self, aggregator, keep_contributions: bool) -> None:
         self.aggregator = aggregator
-        self.accumulator = (
-            LinearAccumulator(aggregator.normalize) if aggregator.linear else None
-        )
+        self.accumulator = LinearAccumulator(aggregator.normalize) if aggregator.linear else None
         self.keep_contributions = keep_contributions or self.accumulator is None
         self.contributions: list[Contribution] = []
         self.reduced = None  # an in-task reducing algorithm's merged messages (merge_reduced)

@@ -137,9 +137,7 @@ class RunTally:
             "clients_late": totals["clients_late"],
             "task_retries": totals["task_retries"],
             "server_restarts": server_restarts,
-            "median_round_s": (
-                statistics.median(self.round_times) if self.round_times else None
-            ),
+            "median_round_s": (statistics.median(self.round_times) if self.round_times else None),
         }
 
 

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from raysim import registry
-from raysim.core.aggregators import LinearAccumulator
-from raysim.core.algorithm import RunContext, check_algorithm, check_labels
+from raysim.core.algorithm import AlgorithmHooks, RunContext, check_algorithm, check_labels
 from raysim.core.payload import encoded_nbytes
+from raysim.core.round_fold import Collusion, RoundFold
 from raysim.core.state import (
     ClientUpdate,
     Contribution,
@@ -56,7 +56,7 @@ def build_aggregator(ctx: RunContext, algorithm):
             return default
         return registry.aggregators.build(default)
     aggregator = registry.aggregators.build(config.name, **config.options)
-    check = getattr(algorithm, "check_aggregator", None)
+    check = AlgorithmHooks.of(algorithm).check_aggregator
     reason = check(aggregator, ctx) if check is not None else None
     if reason:
         raise ConfigError(
@@ -91,7 +91,8 @@ class Server:
         self.ctx = ctx
         self.client_sizes = client_sizes
         self.algorithm = build_algorithm(ctx)
-        self.reduces_in_task = hasattr(self.algorithm, "task_reducer")
+        self.hooks = AlgorithmHooks.of(self.algorithm)
+        self.reduces_in_task = self.hooks.reduces_in_task
         if self.reduces_in_task:
             if ctx.config.aggregator.name != "auto":
                 raise ConfigError(
@@ -117,7 +118,7 @@ class Server:
         )
         # Algorithms that keep something of each client (FLAG: its local model, for AmAP)
         # see the round's contributions after the aggregate (`observe_contributions`).
-        self._observe = getattr(self.algorithm, "observe_contributions", None)
+        self._observe = self.hooks.observe_contributions
 
     # --- payload -------------------------------------------------------------------------------
     def payload(self):
@@ -134,7 +135,7 @@ class Server:
     def personal_payloads(self, client_ids: np.ndarray) -> list | None:
         """Each client's own payload (FedAwS: its class row), or None if the algorithm has
         none; in the order of `client_ids`."""
-        make = getattr(self.algorithm, "client_payload", None)
+        make = self.hooks.client_payload
         if make is None:
             return None
         if self.client_classes is None:
@@ -150,35 +151,22 @@ class Server:
         personal = self.personal_payloads(info.client_ids)
         if personal is not None:
             self._stats.bytes_down += encoded_nbytes(personal)
-        self._reduced = None
-        self._accumulator = (
-            LinearAccumulator(self.aggregator.normalize) if self.aggregator.linear else None
-        )
-        self._contributions: list[Contribution] = []
-        self._malicious: list[Contribution] = []
-        self._attacker_knowledge: list[np.ndarray] = []
-        self._pool = set(info.attacker_pool.tolist())
+        self._fold = RoundFold(self.aggregator, keep_contributions=self._observe is not None)
+        self._collusion = Collusion(info)
         self._sampled = {int(c) for c in info.client_ids}  # who may send an update this round
         self._heard_from: set[int] = set()
         self._bound = self._update_bound()
-        self._loss_sum = 0.0
-        self._loss_weight = 0.0
-        self._norm_sum = 0.0
-        self._aggregate_s = 0.0
-        self._folded = 0
-        self._malicious_rejected = 0
-        self._pool_dropped = 0
 
     def add(self, updates: Iterable[ClientUpdate]) -> None:
         """Fold in updates, in client-id order. Linear aggregators keep O(model) memory."""
         started = time.perf_counter()
-        stats, info = self._stats, self._info
+        stats, info, fold, collusion = self._stats, self._info, self._fold, self._collusion
         for update in updates:
             if isinstance(update, ReducedUpdate):
                 self._add_reduced(update)
                 continue
-            if update.client_id in self._pool:  # the attacker's own training, not sent
-                self._attacker_knowledge.append(self.codec.decode(update.message, self.layout))
+            if update.client_id in collusion.pool:  # the attacker's own training, not sent
+                collusion.knowledge.append(self.codec.decode(update.message, self.layout))
                 self._maybe_fold_crafted()
                 continue
             # Checked before anything of it is counted or folded (raysim.core.validation):
@@ -197,18 +185,14 @@ class Server:
                     describe_rejection(update.client_id, info.round_index, problem)
                 )
                 if self.attack is not None and update.client_id < info.malicious_below:
-                    self._malicious_rejected += 1
+                    collusion.malicious_rejected += 1
                     self._maybe_fold_crafted()
                 continue
             stats.clients_done += 1
             # the encoded update, plus the declared statistics (8 bytes each)
             stats.bytes_up += wire_nbytes(self.codec, update.message) + encoded_nbytes(update.stats)
-            loss = update.metrics.get("loss", math.nan)
-            if not math.isnan(loss) and update.num_samples:
-                self._loss_sum += loss * update.num_samples
-                self._loss_weight += update.num_samples
-            if not math.isnan(norm):
-                self._norm_sum += norm
+            fold.add_loss(update.metrics.get("loss", math.nan), update.num_samples)
+            fold.add_norm(norm)
             contribution = Contribution(
                 int(update.client_id), vector, int(update.num_samples), dict(update.stats)
             )
@@ -216,30 +200,30 @@ class Server:
                 # Malicious clients (and the attacker's pool) have the lowest ids, so they all
                 # arrive before any honest client; once the last one is in, they collude and
                 # their crafted updates are folded in their place (still in client-id order).
-                self._malicious.append(contribution)
+                collusion.malicious.append(contribution)
                 self._maybe_fold_crafted()
                 continue
-            self._fold(contribution)
-        self._aggregate_s += time.perf_counter() - started
+            fold.fold(contribution)
+        fold.aggregate_s += time.perf_counter() - started
 
     def record_failure(self, client_id: int) -> None:
         """One failed attempt at training `client_id` (any order; it is retried or dropped)."""
-        if int(client_id) not in self._pool:  # the attacker's pool is not a round's client
+        if int(client_id) not in self._collusion.pool:  # the attacker's pool: not a client
             self._stats.clients_failed += 1
 
     def drop(self, client_id: int, late: bool = False) -> None:
         """`client_id` sends nothing this round (out of retries, or `late` for the round's
         deadline). Called in client-id order among the `add`s, like an update."""
         client_id = int(client_id)
-        if client_id in self._pool:
-            self._pool_dropped += 1
+        if client_id in self._collusion.pool:
+            self._collusion.pool_dropped += 1
             if self.attack is not None:
                 self._maybe_fold_crafted()
             return
         self._stats.clients_dropped += 1
         self._stats.clients_late += int(late)
         if self.attack is not None and client_id < self._info.malicious_below:
-            self._malicious_rejected += 1  # like a rejected one: its crafted copy is not sent
+            self._collusion.malicious_rejected += 1  # like a rejected one: no crafted copy
             self._maybe_fold_crafted()
 
     def _sender_problem(self, client_id) -> str | None:
@@ -256,7 +240,7 @@ class Server:
     def _update_bound(self) -> float | None:
         """The largest update norm accepted this round: server.max_update_ratio times the norm
         of the state array the updates are deltas of (at least 1); None: no bound."""
-        name = getattr(self.algorithm, "update_delta_of", None)
+        name = self.hooks.update_delta_of
         ratio = self.ctx.config.server.max_update_ratio
         if name is None or not ratio or name not in self.state.arrays:
             return None
@@ -291,34 +275,18 @@ class Server:
             return
         stats.clients_done += update.num_clients
         stats.bytes_up += update.bytes_up
+        fold = self._fold
         for metrics, num_samples in zip(update.metrics, update.num_samples, strict=True):
-            loss = metrics.get("loss", math.nan)
-            if not math.isnan(loss) and num_samples:
-                self._loss_sum += loss * num_samples
-                self._loss_weight += num_samples
-            norm = metrics.get("update_norm", math.nan)
-            if not math.isnan(norm):
-                self._norm_sum += norm
-        self._reduced = self.algorithm.merge_reduced(self._reduced, update.message, self.ctx)
-
-    def _fold(self, contribution: Contribution) -> None:
-        self._folded += 1
-        if self._accumulator is not None:
-            self._accumulator.add(contribution.update, self.aggregator.weight(contribution))
-        if self._accumulator is None or self._observe is not None:
-            self._contributions.append(contribution)
+            fold.add_loss(metrics.get("loss", math.nan), num_samples)
+            fold.add_norm(metrics.get("update_norm", math.nan))
+        fold.reduced = self.hooks.merge_reduced(fold.reduced, update.message, self.ctx)
 
     def _maybe_fold_crafted(self) -> None:
-        info = self._info
-        if (
-            len(self._malicious) + self._malicious_rejected < info.num_malicious
-            or len(self._attacker_knowledge) + self._pool_dropped < len(self._pool)
-            or not self._malicious
-        ):
+        info, collusion = self._info, self._collusion
+        if not collusion.ready():
             return
-        # What the attacker knows: the benign updates of its sampled clients and of its pool.
-        honest = [c.update for c in self._malicious] + self._attacker_knowledge
-        base_name = getattr(self.algorithm, "update_delta_of", None)
+        honest = collusion.honest_updates()
+        base_name = self.hooks.update_delta_of
         if base_name is not None:
             base = self.state.arrays[base_name].view()
             base.flags.writeable = False  # the attack reads the model, never changes it
@@ -330,39 +298,32 @@ class Server:
             )
         # Malicious clients whose own update was rejected send nothing (their crafted copies
         # are dropped from the end).
-        kept = crafted[: len(self._malicious)]
-        for vector, sent in zip(kept, self._malicious, strict=True):
-            self._fold(Contribution(sent.client_id, vector, sent.num_samples, sent.stats))
-        self._malicious, self._attacker_knowledge = [], []
+        kept = crafted[: len(collusion.malicious)]
+        for vector, sent in zip(kept, collusion.malicious, strict=True):
+            self._fold.fold(Contribution(sent.client_id, vector, sent.num_samples, sent.stats))
+        collusion.clear()
 
     def finish_round(self, evaluate: bool) -> RoundStats:
         started = time.perf_counter()
-        stats = self._stats
-        nothing_arrived = (
-            self._reduced is None if self.reduces_in_task else not self._folded
-        ) and (stats.clients_rejected or stats.clients_dropped)
-        # every update that arrived says it trained on 0 samples: a weighted mean of nothing
-        no_weight = (
-            self._accumulator is not None
-            and self._accumulator.normalize
-            and self._folded > 0
-            and self._accumulator.weight_sum <= 0
+        stats, fold = self._stats, self._fold
+        nothing_arrived = (fold.reduced is None if self.reduces_in_task else not fold.folded) and (
+            stats.clients_rejected or stats.clients_dropped
         )
-        if nothing_arrived or no_weight:
+        if nothing_arrived or fold.weighs_nothing():
             # Every update of the round was rejected or dropped (or weighs nothing): the model
             # stays, the round still ends.
             self.state = ServerState(self.state.round + 1, dict(self.state.arrays))
             stats.model_updated = False
             aggregate = None
         elif self.reduces_in_task:
-            if self._reduced is None:
+            if fold.reduced is None:
                 raise ValueError("no client update was aggregated this round")
-            aggregate = self.algorithm.finish_reduced(self._reduced, self.ctx)
-            self._reduced = None
-        elif self._accumulator is not None:
-            aggregate = self._accumulator.result()
+            aggregate = self.hooks.finish_reduced(fold.reduced, self.ctx)
+            fold.reduced = None
+        elif fold.accumulator is not None:
+            aggregate = fold.accumulator.result()
         else:
-            aggregate = self.aggregator.aggregate(self._contributions, self._info)
+            aggregate = self.aggregator.aggregate(fold.contributions, self._info)
         if aggregate is not None:
             state = self.state
             result = self.algorithm.server_update(state, aggregate, self.ctx)
@@ -376,8 +337,8 @@ class Server:
                     f"{type(self.algorithm).__name__}.server_update returned a "
                     f"{type(result).__name__}, expected a ServerState (or ServerState, dict)"
                 )
-            if self._observe is not None and self._contributions:
-                result = self._observe(state, result, self._contributions, self.ctx)
+            if self._observe is not None and fold.contributions:
+                result = self._observe(state, result, fold.contributions, self.ctx)
             broken = _non_finite_arrays(result)
             if broken:  # the model would be lost for every later round: keep it instead
                 stats.rejected.append(
@@ -387,15 +348,15 @@ class Server:
                 result = ServerState(state.round + 1, dict(state.arrays))
                 stats.model_updated = False
             self.state = result
-        self._contributions = []
+        fold.contributions = []
         # The phases the algorithm timed itself (index, spreadout) are reported apart.
         stats.aggregate_s = (
-            self._aggregate_s + time.perf_counter() - started - sum(stats.server_times.values())
+            fold.aggregate_s + time.perf_counter() - started - sum(stats.server_times.values())
         )
-        if self._loss_weight:
-            stats.train_loss = self._loss_sum / self._loss_weight
+        if fold.loss_weight:
+            stats.train_loss = fold.loss_sum / fold.loss_weight
         if stats.clients_done:
-            stats.update_norm_mean = self._norm_sum / stats.clients_done
+            stats.update_norm_mean = fold.norm_sum / stats.clients_done
         if evaluate:
             started = time.perf_counter()
             stats.eval = self.evaluate()
@@ -417,7 +378,7 @@ class Server:
     def set_state(self, state: ServerState) -> None:
         self.state = state
         self._payload_cache = None
-        restored = getattr(self.algorithm, "state_restored", None)
+        restored = self.hooks.state_restored
         if restored is not None:  # e.g. FedAwS rebuilds its nearest-class index from W
             restored(state, self.ctx)
 

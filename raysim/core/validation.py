@@ -21,8 +21,15 @@ from typing import Any
 import numpy as np
 
 from raysim import registry
-from raysim.core.codecs import Codec, SharedEntries, VectorLayout, array_problem, non_finite
-from raysim.core.payload import encoded_nbytes
+from raysim.core.algorithm import AlgorithmHooks
+from raysim.core.codecs import (
+    Codec,
+    SharedEntries,
+    VectorLayout,
+    array_problem,
+    as_codec,
+    non_finite,
+)
 from raysim.core.state import ClientUpdate
 from raysim.errors import ConfigError
 
@@ -47,22 +54,22 @@ def wire_format(algorithm: Any, ctx: Any) -> tuple[Codec, VectorLayout]:
     cached = _WIRE_CACHE.get(key)
     if cached is not None:
         return cached
-    layout_of = getattr(algorithm, "update_layout", None)
-    layout = layout_of(ctx) if layout_of is not None else VectorLayout(None)
-    default = getattr(algorithm, "default_codec", "dense")
+    hooks = AlgorithmHooks.of(algorithm)
+    layout = hooks.update_layout(ctx) if hooks.update_layout is not None else VectorLayout(None)
+    default = hooks.default_codec
     if config.codec.name == "auto":
         codec = registry.codecs.build(default) if isinstance(default, str) else default
     else:
-        if not getattr(algorithm, "configurable_codec", True):
+        if not hooks.configurable_codec:
             raise ConfigError(
                 f"algorithm '{config.algorithm.name}' sends its own wire format "
                 f"({default if isinstance(default, str) else type(default).__name__}); "
                 f"'codec.name' must be auto, got {config.codec.name!r}"
             )
         codec = registry.codecs.build(config.codec.name, **config.codec.options)
-    shared_mask = getattr(algorithm, "shared_mask", None)
-    if shared_mask is not None:  # personal layers stay on the client: only the rest is sent
-        codec = SharedEntries(codec, shared_mask(ctx))
+    codec = as_codec(codec)  # a plug-in codec need not subclass Codec: wrapped once, here
+    if hooks.shared_mask is not None:  # personal layers stay on the client: only the rest is sent
+        codec = SharedEntries(codec, hooks.shared_mask(ctx))
     _WIRE_CACHE.clear()  # one run per process at a time: keep only the newest
     _WIRE_CACHE[key] = codec, layout
     return codec, layout
@@ -108,30 +115,26 @@ def check_decoded(codec: Codec, layout: VectorLayout, vector: Any) -> str | None
         return problem
     if vector.dtype.kind == "b":
         return "decoded update has dtype bool"
-    # Optional codec methods (a plug-in codec need not subclass Codec): see raysim.core.codecs.
-    decoded_dtype = getattr(codec, "decoded_dtype", None)
-    expected = decoded_dtype(layout) if decoded_dtype is not None else layout.dtype
+    expected = codec.decoded_dtype(layout)
     if expected is not None and vector.dtype != expected:
         return f"update has dtype {vector.dtype}, expected {expected}"
-    extra = getattr(codec, "check_decoded", None)
-    return non_finite("update", vector) or (extra(vector, layout) if extra else None)
+    return non_finite("update", vector) or codec.check_decoded(vector, layout)
 
 
-def wire_nbytes(codec: Any, message: Any) -> int:
-    """Bytes of an encoded message on the wire: the codec's count, else its arrays'."""
-    count = getattr(codec, "nbytes", None)
-    return int(count(message)) if count is not None else encoded_nbytes(message)
+def wire_nbytes(codec: Codec, message: Any) -> int:
+    """Bytes of an encoded message on the wire: the codec's count (Codec's default: the
+    message's arrays)."""
+    return int(codec.nbytes(message))
 
 
 def check_update(codec: Codec, layout: VectorLayout, update: ClientUpdate) -> str | None:
     """Checks of one client's update before decoding: sample count, stats, the message."""
-    check = getattr(codec, "check", None)
     problem = (
         samples_problem(update.num_samples)
         or stats_problem(update.stats)
         or metrics_problem(update.metrics)
     )
-    return problem or (check(update.message, layout) if check is not None else None)
+    return problem or codec.check(update.message, layout)
 
 
 def decode_checked(

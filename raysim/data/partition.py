@@ -25,8 +25,9 @@ any `package.module:attr` a config names)::
   is a one-line `ConfigError` naming the `partition.*` key.
 
 `split_dataset(dataset, name, num_clients, seed, options)` resolves and calls a partitioner and
-checks its result; `split_for_run(config, dataset)` does so for a run, with the parquet cache of
-`partition.cache_dir`. The built-ins (`iid`, `dirichlet`, `shards`, `one_class`, `natural`,
+checks its result (a run's partition, with the parquet cache of `partition.cache_dir`, is
+raysim.assembly.plan's; the reports of `raysim partition` are raysim.data.partition_report's).
+The built-ins (`iid`, `dirichlet`, `shards`, `one_class`, `natural`,
 `kmodes`, `random`) handle single-label and multi-hot labels themselves where they can (the
 multi-label algorithms are in raysim.data.cmda) and refuse the other shape with a ConfigError.
 Their label-array algorithms (`iid_split`, `dirichlet_split`, ...) are plain functions of labels.
@@ -34,12 +35,8 @@ Their label-array algorithms (`iid_split`, `dirichlet_split`, ...) are plain fun
 
 from __future__ import annotations
 
-import json
 import operator
-import os
-import weakref
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,10 +47,9 @@ from raysim.data.split import from_assignment as _from_assignment
 from raysim.errors import ConfigError
 
 if TYPE_CHECKING:
-    from raysim.config import Config
     from raysim.data.datasets import Dataset
 
-__all__ = ["ClientSplit", "PartitionResult", "split_dataset", "split_for_run"]
+__all__ = ["ClientSplit", "PartitionResult", "split_dataset"]
 
 DIRICHLET_MAX_TRIES = 1000
 
@@ -480,8 +476,9 @@ def split_dataset(
     return produced
 
 
-def _options_with_defaults(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The partitioner's keyword-only defaults overridden by `options` (for the cache key)."""
+def options_with_defaults(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The partitioner's keyword-only defaults overridden by `options` (the partition cache's
+    key: raysim.assembly.plan)."""
     import inspect
 
     from raysim import registry
@@ -492,177 +489,3 @@ def _options_with_defaults(name: str, options: Mapping[str, Any]) -> dict[str, A
         for p in parameters
         if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
     } | dict(options)
-
-
-# The last run split, per dataset object: the loop asks once for the training split and once
-# for the validation split of the same run.
-_LAST_RUN_SPLIT: tuple[Any, str, PartitionResult] | None = None
-
-
-def split_for_run(config: Config, dataset: Dataset) -> PartitionResult:
-    """The run's partition (`partition:` section, the run's partition seed), read from the parquet
-    cache in `partition.cache_dir` when it has it (and written there when it has not)."""
-    global _LAST_RUN_SPLIT
-    from raysim.core.sampling import PARTITION, purpose_seed
-
-    part = config.partition
-    sections = config.to_dict()
-    identity = {
-        "name": part.name,
-        "num_clients": part.num_clients,
-        "options": _options_with_defaults(part.name, part.options),
-    }
-    memo_key = json.dumps(
-        [sections["data"], identity, config.run.seed, part.cache_dir], sort_keys=True, default=str
-    )
-    if _LAST_RUN_SPLIT is not None:
-        last_dataset, last_key, last_result = _LAST_RUN_SPLIT
-        if last_dataset() is dataset and last_key == memo_key:
-            return last_result
-
-    def compute() -> PartitionResult:
-        seed = purpose_seed(config.run.seed, PARTITION)
-        return split_dataset(dataset, part.name, part.num_clients, seed, part.options)
-
-    if not part.cache_dir:
-        result = compute()
-    else:
-        from raysim.data.store import load_split, save_split, split_cache_key
-
-        key = split_cache_key(
-            data=sections["data"],
-            partition=identity,
-            seed=config.run.seed,
-            num_train=len(dataset.train_y),
-        )
-        path = Path(part.cache_dir) / f"split_{key}.parquet"
-        validation_path = path.with_name(f"split_{key}_validation.parquet")
-        result = None
-        # Cached splits are input: checked against this dataset and partition.num_clients
-        # like a partitioner's result (split_dataset), refused in one line if they do not fit.
-        if os.path.lexists(path):
-            train, metadata = load_split(
-                path, num_clients=part.num_clients, num_rows=len(dataset.train_y)
-            )
-            if not metadata.get("validation"):
-                result = PartitionResult(train)
-            elif os.path.lexists(validation_path):
-                validation, _ = load_split(
-                    validation_path, num_clients=part.num_clients, num_rows=len(dataset.test_y)
-                )
-                result = PartitionResult(train, validation)
-        if result is None:
-            result = compute()
-            metadata = {
-                "dataset": dataset.name,
-                "partition": part.name,
-                "validation": result.validation is not None,
-            }
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if result.validation is not None:  # first: a training file implies its validation
-                save_split(validation_path, result.validation, metadata)
-            save_split(path, result.train, metadata)
-    _LAST_RUN_SPLIT = (weakref.ref(dataset), memo_key, result)
-    return result
-
-
-# --- inspection ---------------------------------------------------------------------------------
-
-
-def label_histograms(split: ClientSplit, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """(num_clients, num_classes) int64 label counts of every client, in one bincount."""
-    keys = split.client_ids() * num_classes + np.asarray(labels, dtype=np.int64)[split.indices]
-    counts = np.bincount(keys, minlength=split.num_clients * num_classes)
-    return counts.reshape(split.num_clients, num_classes)
-
-
-def label_skew(split: ClientSplit, labels: np.ndarray, num_classes: int) -> float:
-    """Mean over clients of the total-variation distance to the global label distribution.
-
-    0 = every client looks like the whole dataset, 1 = clients share no labels with it. Computed
-    on the (client, label) pairs that occur, so it needs no dense clients x classes matrix.
-    """
-    labels = np.asarray(labels, dtype=np.int64)
-    client_labels = labels[split.indices]
-    nonempty = split.sizes > 0
-    if not nonempty.any():
-        return 0.0
-    global_dist = np.bincount(client_labels, minlength=num_classes) / len(client_labels)
-    keys = split.client_ids() * num_classes + client_labels  # sorted by client already
-    pair_keys, pair_counts = np.unique(keys, return_counts=True)
-    pair_client, pair_label = np.divmod(pair_keys, num_classes)
-    sizes = split.sizes
-    share = pair_counts / sizes[pair_client]
-    # TV = 1/2 (sum over present labels |q - g| + global mass of the labels the client lacks)
-    abs_diff = np.bincount(
-        pair_client, np.abs(share - global_dist[pair_label]), minlength=split.num_clients
-    )
-    covered = np.bincount(pair_client, global_dist[pair_label], minlength=split.num_clients)
-    distance = 0.5 * (abs_diff + 1.0 - covered)
-    return float(distance[nonempty].mean())
-
-
-def _histogram_text(counts: np.ndarray, num_classes: int) -> str:
-    if num_classes <= 20:
-        return " ".join(str(c) for c in counts)
-    nonzero = np.flatnonzero(counts)
-    top = nonzero[np.argsort(-counts[nonzero], kind="stable")][:8]
-    text = " ".join(f"{label}:{counts[label]}" for label in top)
-    return text + (f" ... (+{len(nonzero) - len(top)} labels)" if len(nonzero) > len(top) else "")
-
-
-def describe_split(
-    split: ClientSplit, labels: np.ndarray, num_classes: int, max_rows: int = 20
-) -> str:
-    """Readable report of a split for `raysim partition CONFIG`: sizes, label mix, skew."""
-    labels = np.asarray(labels, dtype=np.int64)
-    sizes = split.sizes
-    lines = [
-        f"clients: {split.num_clients}   samples: {len(split.indices)}   classes: {num_classes}",
-        f"client size: min {sizes.min()}  median {np.median(sizes):g}  "
-        f"mean {sizes.mean():.2f}  max {sizes.max()}",
-        f"label skew (mean total-variation distance to the global label distribution; "
-        f"0 = iid, 1 = disjoint): {label_skew(split, labels, num_classes):.4f}",
-    ]
-    header = (
-        f"labels (count per class 0..{num_classes - 1})"
-        if num_classes <= 20
-        else "labels (label:count, most frequent first)"
-    )
-    width = max(6, len(str(split.num_clients - 1)))
-    lines.append(f"{'client':>{width}} {'size':>8}  {header}")
-    shown = min(max_rows, split.num_clients)
-    for client in range(shown):
-        counts = np.bincount(labels[split.client_indices(client)], minlength=num_classes)
-        lines.append(
-            f"{client:>{width}} {sizes[client]:>8}  {_histogram_text(counts, num_classes)}"
-        )
-    if split.num_clients > shown:
-        lines.append(f"... {split.num_clients - shown} more clients not shown")
-    return "\n".join(lines)
-
-
-def describe_partition(result: PartitionResult, dataset: Dataset, max_rows: int = 20) -> str:
-    """`raysim partition CONFIG`'s report: `describe_split` for single-label data; sizes, top
-    labels and pairwise label KL of the training and validation splits for multi-hot labels."""
-    if _multi_hot(dataset):
-        parts = [("train", result.train, dataset.train_y)]
-        if result.validation is not None:
-            parts.append(("validation", result.validation, dataset.test_y))
-        texts = []
-        for what, split, labels in parts:
-            lines = cmda.describe_report(cmda.split_report(labels, split), f"{what}: ").splitlines()
-            hidden = split.num_clients - max_rows
-            lines = lines[: 2 + max_rows]
-            if hidden > 0:
-                lines.append(f"... {hidden} more clients not shown")
-            texts.append("\n".join(lines))
-        return "\n".join(texts)
-    text = describe_split(result.train, dataset.train_y, dataset.num_classes, max_rows)
-    if result.validation is not None:
-        sizes = result.validation.sizes
-        text += (
-            f"\nvalidation: {len(result.validation.indices)} test rows, client size min "
-            f"{sizes.min()} max {sizes.max()}"
-        )
-    return text

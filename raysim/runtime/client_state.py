@@ -111,15 +111,15 @@ class RayClientState:
 def uses_client_state(ctx) -> bool:
     """Whether the configured algorithm declares `uses_client_state = True`."""
     from raysim import registry
+    from raysim.core.algorithm import AlgorithmHooks
 
-    return bool(
-        getattr(registry.algorithms.get(ctx.config.algorithm.name), "uses_client_state", False)
-    )
+    algorithm_class = registry.algorithms.get(ctx.config.algorithm.name)
+    return bool(AlgorithmHooks.of(algorithm_class).uses_client_state)
 
 
 def attach(ctx, backend: str):
     """`ctx` with a fresh store for algorithms that use one (else `ctx` unchanged)."""
-    if not uses_client_state(ctx) or getattr(ctx, "client_state", None) is not None:
+    if not uses_client_state(ctx) or ctx.client_state is not None:
         return ctx
     if backend == "local":
         store = InProcessClientState()
@@ -133,7 +133,7 @@ def attach(ctx, backend: str):
 
 def with_store(state: ServerState, ctx) -> ServerState:
     """The server state plus the store's contents (what a checkpoint holds)."""
-    store = getattr(ctx, "client_state", None)
+    store = ctx.client_state
     if store is None:
         return state
     return ServerState(state.round, {**state.arrays, **store.snapshot()})
@@ -141,7 +141,7 @@ def with_store(state: ServerState, ctx) -> ServerState:
 
 def without_store(state: ServerState, ctx) -> ServerState:
     """Restore the store from a checkpointed state; returns the server's part of it."""
-    store = getattr(ctx, "client_state", None)
+    store = ctx.client_state
     own = {k: v for k, v in state.arrays.items() if k.startswith(PREFIX)}
     if store is None:
         return state

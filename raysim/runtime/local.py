@@ -144,5 +144,9 @@ class LocalBackend:
     def describe(self) -> str:
         return "local backend (clients run sequentially in this process)"
 
+    def task_nodes(self) -> None:
+        """No client tasks: every client trains in this process."""
+        return None
+
     def shutdown(self) -> None:
         pass

@@ -4,7 +4,7 @@ split files, and the parquet split cache.
 
 Each case writes a small folder (every file under 10 MB, most a few KB) and loads it the way a
 run would: `load_dataset` of a config built from `--set` style overrides, or, for the split
-cache, `split_for_run`. Every case must end in one RaysimError line, quickly and in bounded
+cache, `partition_for_run`. Every case must end in one RaysimError line, quickly and in bounded
 memory: the bombs below would otherwise build GBs from KBs, and the FIFOs would block forever.
 
 The `write_*` helpers build a valid dataset folder for each format (tests/test_hostile_loaders.py
@@ -226,21 +226,20 @@ def split_cache_run(folder: Path, num_clients: int = 10):
 
 def cached_split_file(folder: Path) -> Path:
     """Run the split once so the cache holds its file; returns that file."""
-    from raysim.data.partition import split_for_run
+    from raysim.assembly.plan import partition_for_run
 
     cfg, dataset = split_cache_run(folder)
-    split_for_run(cfg, dataset)
+    partition_for_run(cfg, dataset)
     (path,) = (folder / "cache").glob("split_*.parquet")
     return path
 
 
 def split_again(folder: Path):
-    """A second run with the same config: it reads the cached split (a fresh dataset object,
-    so the in-process memo of the last split does not answer instead of the cache)."""
-    from raysim.data.partition import split_for_run
+    """A second run with the same config: it reads the cached split."""
+    from raysim.assembly.plan import partition_for_run
 
     cfg, dataset = split_cache_run(folder)
-    return split_for_run(cfg, dataset)
+    return partition_for_run(cfg, dataset)
 
 
 def write_split_table(path: Path, indices, offsets, *, value_type=None, metadata=b"{}", **kw):

@@ -179,14 +179,15 @@ def tiny_fedaws_setup():
     """(ctx, dataset, split, client_classes, server) of the 12-class FedAwS run above, one
     class per client (also the fixture of tests/test_overflow_and_ranges.py)."""
     from raysim import config
+    from raysim.assembly import plan_run
     from raysim.core.clients import single_class_of_clients
-    from raysim.core.loop import load_dataset, run_context, split_clients
     from raysim.core.server import Server
+    from raysim.data.datasets import load_dataset
 
     run_config = config.from_dict(TINY_FEDAWS)
     dataset = load_dataset(run_config)
-    split = split_clients(run_config, dataset)
-    ctx = run_context(run_config, dataset)
+    plan = plan_run(run_config, dataset)
+    split, ctx = plan.split, plan.ctx
     classes = single_class_of_clients(dataset.train_y, split.indices, split.offsets)
     return ctx, dataset, split, classes, Server(ctx, dataset.test_x, dataset.test_y, classes)
 

@@ -96,11 +96,11 @@ def _model(overrides: list[str], name: str) -> Case:
     """A model option that only the model's build can judge (as a run's start does)."""
 
     def run(folder: Path) -> str:
-        from raysim.core.loop import run_context
+        from raysim.assembly import plan_run
         from raysim.models.vector import build_model
 
         cfg = config_module.load(DIGITS, [*SMALL, *overrides])
-        build_model(run_context(cfg, _digits()))
+        build_model(plan_run(cfg, _digits()).ctx)
         return "accepted"
 
     return Case(f"model/{name}", run)
@@ -110,7 +110,7 @@ def _dataset(config_name: str, overrides: list[str], name: str) -> Case:
     """Options a data generator judges when the run loads its data."""
 
     def run(folder: Path) -> str:
-        from raysim.core.loop import load_dataset
+        from raysim.data.datasets import load_dataset
 
         load_dataset(config_module.load(REPO_ROOT / "configs" / config_name, overrides))
         return "accepted"
@@ -250,7 +250,7 @@ def _resume_folder(name: str, prepare, expect_line: str | None = None) -> Case:
     def run(folder: Path) -> str:
         import contextlib
 
-        from raysim.core.loop import resume
+        from raysim.assembly import resume
 
         out = folder / "run"
         shutil.copytree(_template_run(), out)
@@ -271,7 +271,7 @@ def _resume_past_a_fifo() -> Case:
     resume continues from the newest real one (round 1) and ends like an uninterrupted run."""
 
     def run(folder: Path) -> str:
-        from raysim.core.loop import resume
+        from raysim.assembly import resume
         from raysim.outputs.checkpoints import load_checkpoint
 
         whole, _ = load_checkpoint(_template_run() / "checkpoints" / "round_000002.npz")
@@ -343,7 +343,7 @@ RESUME_CASES = [
 
 def _out_dir(name: str, prepare) -> Case:
     def run(folder: Path) -> str:
-        from raysim.core.loop import run as run_simulation
+        from raysim.assembly import run as run_simulation
 
         out = prepare(folder)
         cfg = config_module.load(DIGITS, list(SMALL))
@@ -359,7 +359,7 @@ def _out_is_a_file(folder: Path) -> Path:
 
 
 def _out_holds_a_run(folder: Path) -> Path:
-    from raysim.core.loop import run as run_simulation
+    from raysim.assembly import run as run_simulation
 
     run_simulation(
         config_module.load(DIGITS, list(SMALL)), folder / "out", progress=False, tensorboard=False
@@ -406,7 +406,7 @@ def _template_run() -> Path:
 def _digits():
     """The digits dataset of SMALL's config (numpy only: safe to make before forking)."""
     if "dataset" not in _MADE:
-        from raysim.core.loop import load_dataset
+        from raysim.data.datasets import load_dataset
 
         _MADE["dataset"] = load_dataset(config_module.load(DIGITS, list(SMALL)))
     return _MADE["dataset"]
@@ -415,14 +415,15 @@ def _digits():
 def _first_round():
     """A local backend and one valid update per sampled client (a zero delta: the checks
     look at the message's form, not at what training would have made of it)."""
-    from raysim.core.loop import run_context, split_clients
+    from raysim.assembly import plan_run
     from raysim.core.sampling import sample_clients
     from raysim.runtime.local import LocalBackend
 
     cfg = config_module.load(DIGITS, list(SMALL))
     dataset = _digits()
-    split = split_clients(cfg, dataset)
-    backend = LocalBackend(run_context(cfg, dataset), dataset, split)
+    plan = plan_run(cfg, dataset)
+    split = plan.split
+    backend = LocalBackend(plan.ctx, dataset, split)
     ids = sample_clients(cfg.run.seed, 0, split.num_clients, cfg.clients.per_round)
     size = backend.server.layout.size
     updates = [

@@ -1,0 +1,94 @@
+"""A backend plug-in must have every member the round loop and the assembly use: one missing
+is refused at start in one line, before any data is loaded or any round trains (it used to
+train every round and die at the summary with a bare AttributeError)."""
+
+from __future__ import annotations
+
+import pytest
+
+import raysim
+from raysim import registry
+from raysim.core.backend import REQUIRED, check_backend
+from raysim.errors import ConfigError
+from raysim.runtime.local import LocalBackend
+
+DIGITS_OVERRIDES = [
+    "partition.num_clients=10",
+    "clients.per_round=2",
+    "run.rounds=2",
+    "model.hidden=[8]",
+]
+
+
+def _without(member: str) -> type:
+    """A copy of the local backend's class without `member`; records whether it started."""
+    members = {k: v for k, v in vars(LocalBackend).items() if k not in (member, "__dict__")}
+    original_start = vars(LocalBackend)["start"].__func__
+
+    def start(cls, config, address, prepare):
+        cls.started = True
+        return original_start(cls, config, address, prepare)
+
+    members.update(start=classmethod(start), started=False)
+    return type(f"LocalWithout_{member}", (), members)
+
+
+@pytest.mark.parametrize("member", [m for m in REQUIRED if m != "start"])
+def test_a_backend_lacking_a_member_the_loop_uses_is_refused_before_it_starts(
+    member, digits_config_path, tmp_path
+):
+    backend_class = _without(member)
+    registry.backends.register("lacking_test", backend_class)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            raysim.run(
+                digits_config_path,
+                out=tmp_path / "out",
+                overrides=[*DIGITS_OVERRIDES, "runtime.backend=lacking_test"],
+                progress=False,
+                tensorboard=False,
+            )
+    finally:
+        registry.backends.unregister("lacking_test")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "backend 'lacking_test'" in message and f"lacks {member}" in message
+    assert not backend_class.started  # refused before it loaded data or started a server
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_the_loops_members_are_all_required():
+    """Every Backend method the loop and assembly call is in REQUIRED (task_nodes and
+    server_peak_rss_bytes used to be missing, so a plug-in without them passed the check)."""
+    assert {"run_round", "restart", "get_state", "set_state", "server_peak_rss_bytes",
+            "describe", "task_nodes", "shutdown"} <= set(REQUIRED)  # fmt: skip
+    check_backend(LocalBackend, "local")  # the built-in passes
+
+
+def test_a_started_backend_without_its_split_is_refused_in_one_line(digits_config_path, tmp_path):
+    shut_down = []
+
+    class NoSplit(LocalBackend):
+        def __init__(self, ctx, dataset, split):
+            super().__init__(ctx, dataset, split)
+            del self.split
+
+        def shutdown(self):
+            shut_down.append(True)
+
+    registry.backends.register("no_split_test", NoSplit)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            raysim.run(
+                digits_config_path,
+                out=tmp_path / "out",
+                overrides=[*DIGITS_OVERRIDES, "runtime.backend=no_split_test"],
+                progress=False,
+                tensorboard=False,
+            )
+    finally:
+        registry.backends.unregister("no_split_test")
+    message = str(caught.value)
+    assert "\n" not in message and "started without split" in message
+    assert shut_down == [True]  # what it started is released
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
