@@ -34,11 +34,11 @@ from raysim.assembly import plan_run
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import train_clients
 from raysim.core.fixed_point import FIXED_SCALE
-from raysim.core.sampling import client_generator
 from raysim.core.server import build_algorithm
 from raysim.data.datasets import load_dataset
 from raysim.models.layout import layout_of
 from raysim.models.vector import build_model, cached_model, get_vector
+from raysim.seeds import client_generator
 
 _WORKER: dict = {}
 

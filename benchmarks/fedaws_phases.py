@@ -67,12 +67,12 @@ from raysim import config as config_module
 from raysim.assembly import plan_run
 from raysim.core.clients import single_class_of_clients
 from raysim.core.fixed_point import FIXED_SCALE
-from raysim.core.sampling import sample_clients
 from raysim.core.server import _non_finite_arrays, build_algorithm
 from raysim.data.datasets import load_dataset
 from raysim.models.layout import layout_of
 from raysim.models.vector import cached_model
 from raysim.outputs.environment import peak_rss_bytes
+from raysim.seeds import sample_clients
 
 SERVER_PHASES = ("aggregation", "index", "spreadout", "evaluation")
 PHASES = ("clients", *SERVER_PHASES)

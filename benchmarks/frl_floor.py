@@ -50,10 +50,10 @@ from torch.nn import functional
 
 from raysim import config as config_module
 from raysim.assembly import plan_run
-from raysim.core.sampling import client_generator, sample_clients
 from raysim.core.state import RoundInfo
 from raysim.data.datasets import load_dataset
 from raysim.runtime.local import LocalBackend
+from raysim.seeds import client_generator, sample_clients
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("digits_mlp", "lenet28")

@@ -33,9 +33,9 @@ from torch import nn
 from raysim import config as config_module
 from raysim.assembly import plan_run, run
 from raysim.core.algorithm import RunContext
-from raysim.core.sampling import client_generator, sample_clients
 from raysim.data.datasets import load_dataset
 from raysim.models.vector import build_model, get_vector, set_vector
+from raysim.seeds import client_generator, sample_clients
 
 WORKLOADS = {
     # digits, MLP 64-128-10, 100 clients, 10 per round, 1 epoch, batch 16

@@ -255,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.full:  # the comparison under the protocol (raysim/compare.py)
         from raysim import compare
+        from raysim.compare_spec import load_comparison
 
         spec = Path(__file__).resolve().parents[1] / "configs" / "compare_fedaws.yaml"
-        compare.run_comparison(compare.load_comparison(spec), out / "full", address=args.address)
+        compare.run_comparison(load_comparison(spec), out / "full", address=args.address)
         return 0
     from raysim.config import RuntimeConfig
     from raysim.runtime import ray_cluster

@@ -24,11 +24,11 @@ import numpy as np
 
 from raysim import config as config_module
 from raysim.assembly import plan_run, run
-from raysim.core.sampling import PARTITION, purpose_seed
 from raysim.data import cmda
 from raysim.data.datasets import load_dataset
 from raysim.data.partition import split_dataset
 from raysim.metrics.multilabel import rounds_to_target
+from raysim.seeds import PARTITION, purpose_seed
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = (

@@ -328,9 +328,10 @@ def protocol(out: Path, overrides: list[str]) -> None:
     each `run.eval_at` round (mean ± std over seeds) and the final models' per-client test
     accuracy (mean ± std over the clients of every seed)."""
     from raysim import compare, load_run
+    from raysim.compare_spec import load_comparison
 
     spec = CONFIGS / "compare_frl.yaml"
-    comparison = compare.load_comparison(spec, overrides)
+    comparison = load_comparison(spec, overrides)
     if (out / "comparison.json").is_file():
         print(f"using the comparison already in {out} (delete it to run it again)", flush=True)
         report = json.loads((out / "comparison.json").read_text())

@@ -257,8 +257,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         from raysim import compare
+        from raysim.compare_spec import load_comparison
 
-        comparison = compare.load_comparison(args.config, args.overrides)
+        comparison = load_comparison(args.config, args.overrides)
         stem = Path(args.config).stem
         if args.report_only:
             if not args.out:

@@ -18,7 +18,7 @@ from raysim.errors import RaysimError
 from raysim.outputs.checkpoints import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from raysim.compare import Comparison
+    from raysim.compare_spec import Comparison
 
 
 def write_report(comparison: Comparison, report: Mapping[str, Any], out_dir: Path) -> None:

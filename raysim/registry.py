@@ -30,8 +30,11 @@ from raysim.plugins import is_import_path, remember_callable, resolve_import_pat
 class Registry:
     """Maps plug-in names of one kind (e.g. 'model') to lazily imported factories."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, adapt: str | None = None) -> None:
         self.kind = kind
+        # "module:function" applied to everything `build` makes: a plug-in that need not
+        # subclass raysim's base class is wrapped once, where it is built (codecs: as_codec).
+        self._adapt = adapt
         self._targets: dict[str, str | Callable[..., Any]] = {}
         self._builtin: set[str] = set()  # names registered by raysim itself
         self._imported: dict[str, Callable[..., Any]] = {}  # import-path names resolved so far
@@ -138,7 +141,11 @@ class Registry:
         return checked
 
     def build(self, name: str, *args: Any, **options: Any) -> Any:
-        return self.get(name)(*args, **{_python_name(k): v for k, v in options.items()})
+        built = self.get(name)(*args, **{_python_name(k): v for k, v in options.items()})
+        if self._adapt is None:
+            return built
+        module_name, _, attribute = self._adapt.partition(":")
+        return getattr(importlib.import_module(module_name), attribute)(built)
 
 
 def _python_name(key: str) -> str:
@@ -216,7 +223,7 @@ aggregators = Registry("aggregator")
 server_optimizers = Registry("server optimizer")
 attacks = Registry("attack")
 indexes = Registry("index")
-codecs = Registry("codec")
+codecs = Registry("codec", adapt="raysim.core.codecs:as_codec")
 backends = Registry("backend")
 _ALL = (
     datasets,

@@ -26,15 +26,17 @@ PACKAGE = Path(__file__).resolve().parent.parent / "raysim"
 LAYERS = [
     # ground floor: no raysim imports but each other
     ["errors.py", "_version.py", "seeds.py", "progress.py", "interrupts.py", "losses.py",
+     "process_memory.py",
      "metrics"],
     ["plugins.py", "registry.py"],
     ["config"],
     ["models", "index", "data"],
     ["core"],
-    ["outputs", "checkpoints.py", "tensorboard_log.py", "run_folder.py", "records.py"],
+    ["outputs"],
     ["algorithms", "attacks", "runtime"],
     ["assembly"],
-    ["api.py", "tune.py", "tune_space.py", "tune_results.py", "compare.py", "compare_report.py",
+    ["api.py", "tune.py", "tune_space.py", "tune_results.py", "compare.py", "compare_spec.py",
+     "compare_report.py",
      "cli.py", "__init__.py"],
 ]  # fmt: skip
 

@@ -148,9 +148,9 @@ def _round_updates(digits_config, *overrides):
     """A local backend after one round's client training: (backend, info, updates)."""
     from raysim.assembly import plan_run
     from raysim.core.clients import train_clients
-    from raysim.core.sampling import sample_clients
     from raysim.data.datasets import load_dataset
     from raysim.runtime.local import LocalBackend
+    from raysim.seeds import sample_clients
 
     cfg = digits_config(*SMALL, *overrides)
     dataset = load_dataset(cfg)
@@ -290,8 +290,8 @@ def _run_with_a_bad_client(digits_config, tmp_path, monkeypatch, algorithm_class
     """One local run in which the middle client of round 0 misbehaves; with `drop`, that
     client's update is removed before the server sees it (the reference)."""
     from raysim.assembly import run
-    from raysim.core.sampling import sample_clients
     from raysim.core.server import Server
+    from raysim.seeds import sample_clients
 
     cfg = digits_config(*SMALL, *(FRL_SMALL if algorithm_class.__name__ == "FRL" else ()))
     bad_client = int(sample_clients(cfg.run.seed, 0, 8, 4)[2])

@@ -48,7 +48,7 @@ def test_in_process_store_round_trips_a_snapshot():
 
 
 def test_personal_layer_is_kept_across_rounds_and_never_averaged(tmp_path):
-    from raysim.core.sampling import sample_clients
+    from raysim.seeds import sample_clients
 
     one = run(make_config(**{"run.rounds": 1}), tmp_path / "one", progress=False, tensorboard=False)
     four = run(make_config(), tmp_path / "four", progress=False, tensorboard=False)

@@ -12,7 +12,8 @@ import yaml
 from conftest import DIGITS_CONFIG
 from PIL import Image
 
-from raysim.compare import load_comparison, report_from_folders, run_comparison
+from raysim.compare import report_from_folders, run_comparison
+from raysim.compare_spec import load_comparison
 from raysim.errors import ConfigError
 
 SHARED = [

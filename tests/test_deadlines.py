@@ -14,7 +14,7 @@ import pytest
 from raysim import config as config_module
 from raysim.assembly import run
 from raysim.core.faults import FaultPlan
-from raysim.core.sampling import sample_clients
+from raysim.seeds import sample_clients
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

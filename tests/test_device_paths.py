@@ -1,5 +1,5 @@
 """Every method's client and server code goes through the device path (`client_device` /
-`server_device` in raysim.runtime.devices), so the same functions train and evaluate on a GPU
+`server_device` in raysim.models.devices), so the same functions train and evaluate on a GPU
 when one is reserved. On this GPU-less host, asking for GPUs must take that path, fall back to
 the CPU with a notice, and give exactly the CPU result; on the Ray backend every method runs
 with `clients.num_gpus: 0.25` and `server.num_gpus: 0.5` on a cluster without GPUs."""
@@ -11,7 +11,7 @@ import torch
 
 from raysim import config
 from raysim.assembly import run
-from raysim.runtime import devices
+from raysim.models import devices
 
 # One small run per method: (shipped config, overrides that make it a few seconds).
 SMALL_XML = (

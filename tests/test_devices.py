@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from raysim.assembly import run
-from raysim.runtime import devices
+from raysim.models import devices
 
 ROUNDS = 2
 SMALL = (f"run.rounds={ROUNDS}", "partition.num_clients=20", "clients.per_round=4")

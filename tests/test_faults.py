@@ -15,8 +15,8 @@ from test_fedaws import TINY as TINY_FEDAWS_SETTING
 from raysim import config as config_module
 from raysim.assembly import run, start_backend
 from raysim.core.faults import EXCEPTION, EXIT, FaultPlan, InjectedClientFailure
-from raysim.core.sampling import sample_clients
 from raysim.errors import ConfigError
+from raysim.seeds import sample_clients
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3

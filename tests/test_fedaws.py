@@ -143,7 +143,7 @@ def test_server_writes_back_rows_and_never_averages_W(tiny_setup):
             torch.from_numpy(dataset.train_x[rows]),
             torch.from_numpy(dataset.train_y[rows]),
             int(client),
-            __import__("raysim.core.sampling", fromlist=["x"]).client_generator(3, 0, int(client)),
+            __import__("raysim.seeds", fromlist=["x"]).client_generator(3, 0, int(client)),
             ctx,
         )
         expected[classes[client]] = update.message["row"]

@@ -129,11 +129,11 @@ def test_a_client_dense_delta_is_folded_where_it_lies_and_is_refused_once_stale(
     from raysim.algorithms.fedaws_wire import DenseDelta
     from raysim.assembly import plan_run
     from raysim.core.clients import single_class_of_clients
-    from raysim.core.sampling import client_generator
     from raysim.core.server import build_algorithm
     from raysim.data.datasets import load_dataset
     from raysim.models.layout import layout_of
     from raysim.models.vector import cached_model
+    from raysim.seeds import client_generator
 
     config = config_module.from_dict(
         {

@@ -26,7 +26,6 @@ from raysim.assembly import run
 from raysim.core import rankcodec
 from raysim.core.aggregators import total
 from raysim.core.algorithm import RunContext
-from raysim.core.sampling import model_init_seed
 from raysim.core.validation import wire_format
 from raysim.errors import ConfigError
 from raysim.models.supermask import (
@@ -38,6 +37,7 @@ from raysim.models.supermask import (
     supermask_layers,
     top_k_mask,
 )
+from raysim.seeds import model_init_seed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FRL_CONFIG = REPO_ROOT / "configs" / "frl_digits.yaml"

@@ -56,7 +56,7 @@ def test_embedded_datasets_hold_validation_out_of_training_and_test(name):
     base = config.load("configs/fedavg_digits.yaml", overrides)
     source = load_dataset(base)
     carved = load_dataset(base.replace(data__validation_fraction=0.2))
-    from raysim.core.sampling import VALIDATION, purpose_seed
+    from raysim.seeds import VALIDATION, purpose_seed
 
     _check_carved(source, carved, 0.2, purpose_seed(base.run.seed, VALIDATION))
     if np.issubdtype(source.train_x.dtype, np.floating):  # continuous: no repeated samples

@@ -15,7 +15,7 @@ Systems, each run as its own worker process that prints one JSON line:
 
 One workload is exported once from raysim's own generators to WORK_DIR/WORKLOAD.npz: the data
 and test split (raysim's load_dataset), the client split (raysim's partitioner), the clients of
-every round (raysim.core.sampling.sample_clients), every client's batch order in every round
+every round (raysim.seeds.sample_clients), every client's batch order in every round
 and epoch (torch.randperm from raysim's client_generator(seed, round, client), as raysim's
 local training draws it), the initial weights (raysim's build_model) and the local training
 (plain SGD, lr, epochs, batch size). Every system reads that file, so all train the same
@@ -133,9 +133,9 @@ def export_workload(name: str, spec: dict[str, Any], rounds: int, path: Path) ->
     from raysim import config as config_module
     from raysim.assembly import plan_run
     from raysim.core.algorithm import RunContext
-    from raysim.core.sampling import client_generator, sample_clients
     from raysim.data.datasets import load_dataset
     from raysim.models.vector import build_model, get_vector
+    from raysim.seeds import client_generator, sample_clients
 
     config = config_module.from_dict({}, spec["overrides"] + [f"run.rounds={rounds}"])
     if config.algorithm.name != "fedavg" or config.clients.momentum or config.clients.weight_decay:

@@ -29,9 +29,9 @@ from raysim.core.state import ServerState
 from raysim.core.training import local_training
 from raysim.errors import ConfigError
 from raysim.metrics.xml import mean_pairwise_cosine, precision_at_k
+from raysim.models.devices import client_device, server_device, to_numpy
 from raysim.models.layout import ModelLayout, layout_of
 from raysim.models.vector import cached_model, get_vector, set_vector
-from raysim.runtime.devices import client_device, server_device, to_numpy
 
 
 def normalize_rows(rows: np.ndarray) -> np.ndarray:

@@ -23,8 +23,8 @@ from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import check_lr_options, fresh_sgd, local_training, scheduled_lr
 from raysim.metrics import evaluate_classifier
+from raysim.models.devices import autocast, client_device, server_device
 from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
-from raysim.runtime.devices import autocast, client_device, server_device
 
 
 class DeltaAveraging:

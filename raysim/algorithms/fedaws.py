@@ -49,8 +49,8 @@ from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.errors import ConfigError
 from raysim.index.base import server_threads
+from raysim.models.devices import server_device, to_numpy
 from raysim.models.vector import build_model
-from raysim.runtime.devices import server_device, to_numpy
 
 SPREADOUT_MODES = ("topk", "full", "none")
 # The spreadout step is lambda x spreadout_lr x gradient; beyond these the class rows turn

@@ -31,9 +31,9 @@ from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ServerState
 from raysim.index.base import server_threads
 from raysim.metrics.xml_scale import mean_pairwise_cosine, top_k_classes
+from raysim.models.devices import server_device
 from raysim.models.layout import layout_of
 from raysim.models.vector import cached_model
-from raysim.runtime.devices import server_device
 
 _ROW_BLOCK = 4096  # class rows re-normalised (float64 inside) or copied at a time
 

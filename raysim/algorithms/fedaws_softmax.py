@@ -23,8 +23,8 @@ from raysim.core.algorithm import RunContext
 from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.errors import ConfigError
+from raysim.models.devices import to_numpy
 from raysim.models.vector import build_model
-from raysim.runtime.devices import to_numpy
 
 # Logits are scale x cosine: past 1e4 the softmax is already a hard max, and past float32's
 # 3.4e38 the logits are inf and every client's loss NaN (the paper uses 16).

@@ -19,8 +19,8 @@ import torch
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from raysim.core.fixed_point import FIXED_LIMIT, FIXED_SCALE, MAX_FIXED_WEIGHT
+from raysim.models.devices import to_numpy
 from raysim.models.layout import ModelLayout
-from raysim.runtime.devices import to_numpy
 
 
 @dataclass(frozen=True)

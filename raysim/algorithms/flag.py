@@ -40,8 +40,8 @@ from raysim.metrics.multilabel import (
     predict_scores,
     summarise_clients,
 )
+from raysim.models.devices import server_device
 from raysim.models.vector import cached_model, set_vector
-from raysim.runtime.devices import server_device
 
 WEIGHTINGS = ("flag", "samples", "uniform")
 OPTIMIZERS = ("adam", "sgd")

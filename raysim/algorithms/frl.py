@@ -40,7 +40,6 @@ from torch import nn
 from raysim.core.algorithm import RunContext
 from raysim.core.codecs import VectorLayout
 from raysim.core.rankcodec import pack, unpack
-from raysim.core.sampling import model_init_seed
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import (
     check_lr_options,
@@ -51,8 +50,9 @@ from raysim.core.training import (
 )
 from raysim.errors import ConfigError
 from raysim.metrics import evaluate_classifier
+from raysim.models.devices import client_device, server_device
 from raysim.models.supermask import WEIGHT_INITS, Supernet, cached_supernet
-from raysim.runtime.devices import client_device, server_device
+from raysim.seeds import model_init_seed
 
 # --- the math, as pure functions -----------------------------------------------------------------
 

@@ -33,8 +33,8 @@ from raysim.core.algorithm import RunContext
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import local_training
 from raysim.errors import ConfigError
+from raysim.models.devices import client_device, server_device
 from raysim.models.vector import _tensors, cached_model, get_vector, set_vector
-from raysim.runtime.devices import client_device, server_device
 
 PERSONAL_PARTS = ("all", "bn", "classifier")
 _MASK_CACHE: dict[tuple[str, str], np.ndarray] = {}

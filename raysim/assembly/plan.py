@@ -15,11 +15,11 @@ import numpy as np
 from raysim import registry
 from raysim.config import Config
 from raysim.core.algorithm import RunContext
-from raysim.core.sampling import PARTITION, purpose_seed
 from raysim.data.datasets import Dataset
 from raysim.data.partition import options_with_defaults, split_dataset
 from raysim.data.split import ClientSplit, PartitionResult
 from raysim.errors import RaysimError
+from raysim.seeds import PARTITION, purpose_seed
 
 # The most optimizer steps one client may take in one round (local_epochs x its batches): the
 # largest runs raysim reproduces take a few thousand; more would keep round 1 from ending.

@@ -22,8 +22,8 @@ from raysim.core.state import ServerState
 from raysim.data.datasets import Dataset
 from raysim.errors import RaysimError
 from raysim.outputs import RunOutputs
-from raysim.outputs.environment import peak_rss_bytes
 from raysim.outputs.run_folder import check_out_dir, lock_out_dir
+from raysim.process_memory import peak_rss_bytes
 
 
 @dataclass

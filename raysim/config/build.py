@@ -92,9 +92,9 @@ class Config:
         (not when plug-ins are left unresolved, see `load`)."""
         for name in _CHECK_ORDER:
             getattr(self, name).check(source, resolve)
-        check_across_sections(self, source)
+        check_across_sections(self.partition, self.clients, self.attack, source)
         if resolve:
-            _check_plugins(self, source)
+            _check_plugins(self.algorithm, self.aggregator, self.codec, self.attack, source)
 
 
 def _plain(value: Any) -> Any:

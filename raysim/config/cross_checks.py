@@ -3,16 +3,15 @@ after every section has passed its own checks."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from raysim.config.experiment import PartitionConfig
 from raysim.config.limits import require
-
-if TYPE_CHECKING:
-    from raysim.config.build import Config
+from raysim.config.training import AttackConfig, ClientsConfig
 
 
-def check_across_sections(config: Config, source: str) -> None:
-    part, clients, attack = config.partition, config.clients, config.attack
+def check_across_sections(
+    part: PartitionConfig, clients: ClientsConfig, attack: AttackConfig, source: str
+) -> None:
+    """`clients.per_round` against `partition.num_clients`, and the attack's honest majority."""
     require(
         source,
         clients.per_round <= part.num_clients,

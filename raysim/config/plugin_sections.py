@@ -8,16 +8,13 @@ import dataclasses
 import keyword
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raysim import registry
 from raysim.config.coerce import _coerce
 from raysim.config.experiment import DataConfig, PartitionConfig
 from raysim.config.training import AttackConfig, PluginConfig
 from raysim.errors import ConfigError
-
-if TYPE_CHECKING:
-    from raysim.config.build import Config
 
 # Sections whose extra keys are options of the chosen plug-in: section -> (registry, default name)
 _PLUGIN_SECTIONS: dict[str, tuple[registry.Registry, str]] = {
@@ -136,18 +133,24 @@ def _python_key(key: str) -> str:
     return f"{key}_" if keyword.iskeyword(key) else key
 
 
-def _check_plugins(config: Config, source: str) -> None:
+def _check_plugins(
+    algorithm: PluginConfig,
+    aggregator: PluginConfig,
+    codec: PluginConfig,
+    attack: AttackConfig,
+    source: str,
+) -> None:
     """Build the algorithm, aggregator and attack once, so their option checks (FRL's k in
     (0, 1], TopK's fraction, ...) fail when the config is read rather than when the run starts.
     Their constructors only store and check options. Datasets and models are checked when
     they are built (they need files and the data's shape)."""
-    chosen = [("algorithm", registry.algorithms, config.algorithm)]
-    if config.aggregator.name != "auto":
-        chosen.append(("aggregator", registry.aggregators, config.aggregator))
-    if config.codec.name != "auto":
-        chosen.append(("codec", registry.codecs, config.codec))
-    if config.attack.name != "none":
-        chosen.append(("attack", registry.attacks, config.attack))
+    chosen = [("algorithm", registry.algorithms, algorithm)]
+    if aggregator.name != "auto":
+        chosen.append(("aggregator", registry.aggregators, aggregator))
+    if codec.name != "auto":
+        chosen.append(("codec", registry.codecs, codec))
+    if attack.name != "none":
+        chosen.append(("attack", registry.attacks, attack))
     for section, reg, plugin in chosen:
         try:
             reg.build(plugin.name, **plugin.options)

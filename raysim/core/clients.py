@@ -15,9 +15,9 @@ import torch
 from raysim.core.algorithm import AlgorithmHooks, RunContext
 from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
-from raysim.core.sampling import client_generator
 from raysim.core.state import ClientUpdate, ReducedUpdate
 from raysim.core.validation import metrics_problem, samples_problem, wire_format
+from raysim.seeds import client_generator
 
 
 def train_clients(

@@ -23,7 +23,6 @@ A codec is a plug-in like any other (`codec: {name: mymodule:Int8Codec, ...optio
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,20 +30,7 @@ import numpy as np
 from raysim.core.payload import encoded_nbytes
 from raysim.core.rankcodec import pack, packed_nbytes, unpack
 from raysim.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class VectorLayout:
-    """What an algorithm's update vector looks like (fixed for a run)."""
-
-    size: int | None  # entries (None: not known, not checked)
-    dtype: np.dtype | None = None  # dtype of the vector the algorithm produces
-    segments: tuple[int, ...] = ()  # sizes of consecutive pieces (tensors, layers); sum = size
-
-    def pieces(self, vector: np.ndarray) -> list[np.ndarray]:
-        """`vector` cut into its segments (views)."""
-        bounds = np.cumsum((0, *self.segments))
-        return [vector[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+from raysim.models.layout import VectorLayout  # the update vector's shape, in signatures
 
 
 class Codec:

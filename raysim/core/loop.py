@@ -25,9 +25,9 @@ from raysim import interrupts
 from raysim.config import Config
 from raysim.core.faults import CapacityLost
 from raysim.core.run_record import RunTally, add_outcome, idle_reason, round_record
-from raysim.core.sampling import attacker_pool, sample_clients
 from raysim.core.state import RoundInfo, ServerState
 from raysim.errors import RaysimError
+from raysim.seeds import attacker_pool, sample_clients
 
 
 def malicious_below(config: Config, num_clients: int) -> int:

@@ -66,8 +66,19 @@ def _ratio(numerator: float, eps: float) -> float:
     return math.inf if eps <= 0 else numerator / eps
 
 
+class InPlaceStep:
+    """What the built-in optimizers add to `step` (a user's optimizer need not): stepping in
+    place (`step_in_place`) and the bounds of what a step can produce (`peaks_after`)."""
+
+    def peaks_after(self, peaks: Peaks, delta_peak: float) -> Peaks | None:
+        raise NotImplementedError
+
+    def step_in_place(self, params, delta, slots, threads: int = 1) -> None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class ServerSGD:
+class ServerSGD(InPlaceStep):
     lr: float = 1.0
     momentum: float = 0.0
 
@@ -106,7 +117,7 @@ class ServerSGD:
 
 
 @dataclass(frozen=True)
-class ServerAdagrad:
+class ServerAdagrad(InPlaceStep):
     lr: float = 0.1
     eps: float = 1e-3
 
@@ -142,7 +153,7 @@ class ServerAdagrad:
 
 
 @dataclass(frozen=True)
-class ServerAdam:
+class ServerAdam(InPlaceStep):
     """FedAdam as in Reddi et al. (no bias correction; eps = tau controls adaptivity)."""
 
     lr: float = 0.01
@@ -243,7 +254,7 @@ def in_place_peaks(
 
     `peaks` bounds the values before the step (`peaks_of`, or the previous call's result for
     the same arrays); `delta_peak` bounds |delta|."""
-    if not hasattr(optimizer, "step_in_place") or not hasattr(optimizer, "peaks_after"):
+    if not isinstance(optimizer, InPlaceStep):
         return None
     arrays = [params, delta, *slots.values()]
     for values in arrays:

@@ -55,7 +55,7 @@ class Dataset:
 def load_dataset(config) -> Dataset:  # config: raysim.config.Config
     """The run's dataset: the `data:` section's plug-in, seeded by the run seed."""
     from raysim import registry
-    from raysim.core.sampling import DATA, VALIDATION, purpose_seed
+    from raysim.seeds import DATA, VALIDATION, purpose_seed
 
     data = config.data
     dataset = registry.datasets.build(

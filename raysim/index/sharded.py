@@ -183,7 +183,7 @@ def shard_diagnostics(shard: Any) -> dict[str, Any]:
     """The counters a backend exposes, plus the process id and peak RSS of its process."""
     import os
 
-    from raysim.outputs.environment import peak_rss_bytes
+    from raysim.process_memory import peak_rss_bytes
 
     names = (
         "row_offset",

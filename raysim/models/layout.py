@@ -1,5 +1,6 @@
-"""Where a model's tensors sit in its flat parameter vector (raysim.models.vector order), split
-into the embedding-bag table (if the model has one) and the dense rest.
+"""Where a model's tensors sit in its flat parameter vector (raysim.models.vector order): the
+update vector's `VectorLayout` (size, dtype, segments; what codecs and checks see), and the
+split into the embedding-bag table (if the model has one) and the dense rest.
 
 Methods that never copy a whole embedding-bag table (FedAwS and its softmax oracle at
 Amazon-670K scale) use it to load and send only the dense layers and the bag rows a client
@@ -8,9 +9,25 @@ touched.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
+
+
+@dataclass(frozen=True)
+class VectorLayout:
+    """What an algorithm's update vector looks like (fixed for a run)."""
+
+    size: int | None  # entries (None: not known, not checked)
+    dtype: np.dtype | None = None  # dtype of the vector the algorithm produces
+    segments: tuple[int, ...] = ()  # sizes of consecutive pieces (tensors, layers); sum = size
+
+    def pieces(self, vector: np.ndarray) -> list[np.ndarray]:
+        """`vector` cut into its segments (views)."""
+        bounds = np.cumsum((0, *self.segments))
+        return [vector[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 class ModelLayout:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from raysim import registry
-from raysim.core.sampling import model_init_seed
+from raysim.seeds import model_init_seed
 
 _MODEL_CACHE: dict[str, nn.Module] = {}
 
@@ -139,7 +139,7 @@ def vector_size(model: nn.Module) -> int:
 def model_layout(ctx):  # -> raysim.core.codecs.VectorLayout
     """The layout of the run's model vector: float32, one segment per tensor (the update
     layout of every method whose clients send a model delta)."""
-    from raysim.core.codecs import VectorLayout
+    from raysim.models.layout import VectorLayout
 
     sizes = tuple(int(t.numel()) for t in _tensors(cached_model(ctx)))
     return VectorLayout(sum(sizes), np.dtype(np.float32), sizes)

@@ -50,10 +50,3 @@ def run_environment() -> dict[str, Any]:
         "gpus": gpus,
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process so far (Linux reports kilobytes)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -137,7 +137,7 @@ class LocalBackend:
         self.server.set_state(client_state.without_store(state, self.ctx))
 
     def server_peak_rss_bytes(self) -> int:
-        from raysim.outputs.environment import peak_rss_bytes
+        from raysim.process_memory import peak_rss_bytes
 
         return peak_rss_bytes()  # the server lives in this process
 

@@ -15,8 +15,8 @@ import ray
 from raysim.config import RuntimeConfig
 from raysim.core.algorithm import RunContext
 from raysim.errors import RaysimError
+from raysim.models.devices import task_num_gpus
 from raysim.plugins import modules_to_ship
-from raysim.runtime.devices import task_num_gpus
 
 # Task results up to this size travel inline to their owner (the server actor) instead of
 # through the shared-memory object store: a round of small client updates (e.g. 10 x 38 KB)

@@ -21,8 +21,8 @@ from raysim.core.clients import chunk_clients
 from raysim.core.faults import CapacityWatch, FaultPlan, ServerLost
 from raysim.core.server import Server
 from raysim.core.state import RoundInfo, RoundStats, ServerState
-from raysim.outputs.environment import peak_rss_bytes
-from raysim.runtime.devices import task_num_gpus
+from raysim.models.devices import task_num_gpus
+from raysim.process_memory import peak_rss_bytes
 from raysim.runtime.ray_errors import one_line_error
 from raysim.runtime.ray_metrics import RoundMetrics
 from raysim.runtime.ray_round import WORKER_START_ALLOWANCE_S, RoundTasks

@@ -416,8 +416,8 @@ def _first_round():
     """A local backend and one valid update per sampled client (a zero delta: the checks
     look at the message's form, not at what training would have made of it)."""
     from raysim.assembly import plan_run
-    from raysim.core.sampling import sample_clients
     from raysim.runtime.local import LocalBackend
+    from raysim.seeds import sample_clients
 
     cfg = config_module.load(DIGITS, list(SMALL))
     dataset = _digits()

@@ -1,0 +1,100 @@
+"""Seeded random streams: client sampling from (seed, round), client RNGs from (seed, round, id).
+
+Every random draw in a run derives from the run seed through numpy's SeedSequence with a
+distinct tag per purpose, so results do not depend on which worker ran what, in which order,
+or whether the run was resumed from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Distinct first words keep the streams of different purposes independent.
+_SAMPLING, _CLIENT, _MODEL_INIT = 1, 2, 3
+
+
+def sample_clients(
+    seed: int,
+    round_index: int,
+    num_clients: int,
+    per_round: int,
+    malicious_below: int = 0,
+    redraw_majority: bool = False,
+) -> np.ndarray:
+    """The round's clients, drawn without replacement, in ascending id order.
+
+    Ascending order fixes the reduction order (client-id order) for the whole engine. The cost
+    is O(per_round), not O(num_clients), so a million registered clients cost nothing extra.
+    With `redraw_majority`, a draw in which at least half the clients are malicious (ids below
+    `malicious_below`) is replaced by a fresh one, as in the FRL paper's code.
+    """
+    if per_round > num_clients:
+        raise ValueError(f"cannot sample {per_round} clients out of {num_clients}")
+    for attempt in range(10_000):
+        ids = _draw(seed, round_index, attempt, num_clients, per_round)
+        malicious = int(np.searchsorted(ids, malicious_below))
+        if not redraw_majority or 2 * malicious < per_round:
+            return ids
+    raise ValueError(
+        f"could not draw {per_round} clients with fewer than half malicious "
+        f"({malicious_below} of {num_clients} are malicious)"
+    )
+
+
+def _draw(
+    seed: int, round_index: int, attempt: int, num_clients: int, per_round: int
+) -> np.ndarray:
+    words = [seed, _SAMPLING, round_index] + ([attempt] if attempt else [])
+    rng = np.random.default_rng(np.random.SeedSequence(words))
+    if per_round * 50 < num_clients:
+        # Floyd's algorithm over a set: O(per_round) memory and time.
+        chosen: set[int] = set()
+        for upper in range(num_clients - per_round, num_clients):
+            value = int(rng.integers(0, upper + 1))
+            chosen.add(upper if value in chosen else value)
+        ids = np.fromiter(chosen, dtype=np.int64, count=per_round)
+    else:
+        ids = rng.permutation(num_clients)[:per_round].astype(np.int64)
+    ids.sort()
+    return ids
+
+
+def _torch_seed(*words: int) -> int:
+    state = np.random.SeedSequence(list(words)).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 32 | int(state[1])
+
+
+def client_generator(seed: int, round_index: int, client_id: int) -> torch.Generator:
+    """The torch Generator a client uses for everything random in its local training."""
+    return torch.Generator().manual_seed(_torch_seed(seed, _CLIENT, round_index, client_id))
+
+
+def client_numpy_rng(seed: int, round_index: int, client_id: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, _CLIENT, round_index, client_id, 1]))
+
+
+def model_init_seed(seed: int) -> int:
+    return _torch_seed(seed, _MODEL_INIT)
+
+
+def attacker_pool(
+    seed: int, round_index: int, malicious_below: int, pool_size: int, sampled: np.ndarray
+) -> np.ndarray:
+    """Malicious clients the attacker trains this round besides its sampled ones (ascending)."""
+    if pool_size <= 0 or malicious_below <= 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _POOL, round_index]))
+    pool = rng.choice(malicious_below, size=min(pool_size, malicious_below), replace=False)
+    return np.setdiff1d(pool.astype(np.int64), sampled)
+
+
+_POOL = 6
+
+# Seeds handed to data generation, partitioning and the validation hold-out (plain ints, for
+# numpy default_rng).
+DATA, PARTITION, VALIDATION = 4, 5, 11
+
+
+def purpose_seed(seed: int, purpose: int) -> int:
+    return int(np.random.SeedSequence([seed, purpose]).generate_state(1, dtype=np.uint64)[0])
