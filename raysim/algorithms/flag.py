@@ -16,7 +16,7 @@ FLAG needs its weighting (another aggregator would ignore the statistics and is 
 the samples / uniform variants compose with any aggregator (e.g. trimmed_mean). The server
 also keeps each client's latest local model (`observe_contributions`) so that AmAP / WmAP
 (each client's own model on its own validation split) can be measured; GmAP evaluates the
-global model on every client's validation split (raysim.metrics_multilabel).
+global model on every client's validation split (raysim.metrics.multilabel).
 """
 
 from __future__ import annotations

@@ -309,7 +309,7 @@ class FRL:
         generator: torch.Generator,
         ctx: RunContext,
     ) -> ClientUpdate:
-        # The task's GPU when clients.num_gpus reserved one, else the CPU (runtime.devices).
+        # The task's GPU when clients.num_gpus reserved one, else the CPU (models.devices).
         device = client_device(ctx)
         supernet = self.supernet(ctx, device)
         global_rankings = round_rankings(payload["rankings"], supernet)

@@ -206,7 +206,7 @@ class PerFedAvg(MultiLabelAveraging):
         ctx: RunContext,
     ) -> ClientUpdate:
         clients = ctx.config.clients
-        # The task's GPU when clients.num_gpus reserved one, else the CPU (runtime.devices).
+        # The task's GPU when clients.num_gpus reserved one, else the CPU (models.devices).
         device = client_device(ctx)
         model = cached_model(ctx, device)
         stats = declared_stats(y.numpy(), ctx.num_classes)

@@ -58,9 +58,9 @@ def find_resume_point(
     out_dir: str | Path, template: ServerState | None = None
 ) -> tuple[ServerState | None, list[dict[str, Any]]]:
     """The newest usable checkpoint (`newest_usable_checkpoint`) and the metrics records of
-    the rounds it covers, checked against it (raysim.outputs.resume_records: every round up to
-    it once, whole and in order, else refused). With no usable checkpoint: (None, []), the run
-    starts again from round 0, whose state is a function of the seed.
+    the rounds it covers, checked against it (raysim.outputs.records.resume_records: every
+    round up to it once, whole and in order, else refused). With no usable checkpoint:
+    (None, []), the run starts again from round 0, whose state is a function of the seed.
     """
     out_dir = Path(out_dir)
     state = newest_usable_checkpoint(out_dir, template)

@@ -76,10 +76,10 @@ def resume(
 
 
 def _owning_out_dir(function: Callable[..., RunResult]) -> Callable[..., RunResult]:
-    """Run `function(config, out_dir, ...)` holding `out_dir`'s lock (raysim.outputs.OutDirLock)
-    from before anything is checked or loaded to the end, however it ends: a second run or
-    resume into the folder meanwhile is refused in one line instead of deleting this one's
-    files."""
+    """Run `function(config, out_dir, ...)` holding `out_dir`'s lock
+    (raysim.outputs.run_folder.OutDirLock) from before anything is checked or loaded to the
+    end, however it ends: a second run or resume into the folder meanwhile is refused in one
+    line instead of deleting this one's files."""
 
     @functools.wraps(function)
     def owning(config: Config, out_dir: str | Path, *args: Any, **kwargs: Any) -> RunResult:

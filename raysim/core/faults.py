@@ -56,7 +56,7 @@ class InjectedClientFailure(RuntimeError):
 
 class CapacityLost(RaysimError):
     """No node of the cluster could run a client task for LOST_CAPACITY_S: the round loop
-    checkpoints the last finished round and stops with one line (raysim.runtime.ray_backend)."""
+    checkpoints the last finished round and stops with one line (raysim.runtime.ray_round)."""
 
     # The rounds finished when it was raised: set by the round loop (raysim.core.loop).
     rounds_done: int | None = None

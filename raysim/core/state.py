@@ -145,7 +145,7 @@ class RoundStats:
     client_compute_s: float = 0.0  # sum over tasks of their training time (CPU-side work)
     tasks: int = 0
     # Set (to the client's error) when the clients failed inside the Ray server actor and the
-    # round was trained again in tasks (raysim.runtime.ray_backend); "" otherwise.
+    # round was trained again in tasks (raysim.runtime.ray_server); "" otherwise.
     server_place_failed: str = ""
     aggregate_s: float = 0.0
     evaluate_s: float = 0.0

@@ -392,7 +392,7 @@ def _template_run() -> Path:
         out = Path(tempfile.mkdtemp(prefix="corpus-template-")) / "run"
         overrides = [*SMALL, "run.rounds=2", "run.checkpoint_every=1"]
         script = (
-            "import sys; from raysim import config; from raysim.core.loop import run; "
+            "import sys; from raysim import config; from raysim.assembly import run; "
             f"run(config.load({str(DIGITS)!r}, {overrides!r}), sys.argv[1], progress=False, "
             "tensorboard=False)"
         )
