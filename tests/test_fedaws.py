@@ -12,7 +12,7 @@ from raysim.algorithms.fedaws_wire import Broadcast
 from raysim.assembly import plan_run, run
 from raysim.core.clients import single_class_of_clients, train_clients
 from raysim.core.fixed_point import to_fixed
-from raysim.core.server import Server
+from raysim.core.server import Server, ServerData
 from raysim.core.state import RoundInfo
 from raysim.data.datasets import load_dataset
 from raysim.metrics.xml import mean_pairwise_cosine, precision_at_k
@@ -113,7 +113,7 @@ def _round(server: Server, dataset, split, ctx, client_ids, personal=True):
 
 def test_client_payload_is_only_its_own_row(tiny_setup):
     config, dataset, split, ctx, classes = tiny_setup
-    server = Server(ctx, dataset.test_x, dataset.test_y, classes)
+    server = Server(ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes))
     ids = np.array([2, 7, 30])
     personal = server.personal_payloads(ids)
     W = server.state.arrays["class_embeddings"]
@@ -129,7 +129,7 @@ def test_client_payload_is_only_its_own_row(tiny_setup):
 def test_server_writes_back_rows_and_never_averages_W(tiny_setup):
     config, dataset, split, ctx, classes = tiny_setup
     ctx = plan_run(tiny_config(algorithm__spreadout="none"), dataset).ctx
-    server = Server(ctx, dataset.test_x, dataset.test_y, classes)
+    server = Server(ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes))
     before = server.state.arrays["class_embeddings"].copy()
     ids = np.array([1, 4, 9, 20])
     # The clients' own rows, trained exactly as the task will (same generator, same payload).
@@ -161,7 +161,7 @@ def test_task_packing_gives_identical_models(tiny_setup):
     ids = np.arange(0, 40, 3)
     states = []
     for groups in ([ids], np.array_split(ids, 3)):
-        server = Server(ctx, dataset.test_x, dataset.test_y, classes)
+        server = Server(ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes))
         server.start_round(RoundInfo(0, ids))
         for group in groups:
             server.add(
@@ -226,10 +226,10 @@ def test_bad_client_updates_are_refused_in_the_task_and_the_round_equals_the_rou
 ):
     config, dataset, split, ctx, classes = tiny_setup
     ids = np.array([3, 8, 15, 22])
-    reference = Server(ctx, dataset.test_x, dataset.test_y, classes)
+    reference = Server(ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes))
     _round(reference, dataset, split, ctx, np.array([3, 15, 22]))
 
-    server = Server(ctx, dataset.test_x, dataset.test_y, classes)
+    server = Server(ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes))
     original = server.algorithm.client_update
 
     def poisoned(payload, x, y, client_id, generator, ctx):

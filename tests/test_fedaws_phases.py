@@ -18,7 +18,7 @@ from raysim.algorithms.class_embedding import ClassEmbeddingMethod, normalize_ro
 from raysim.assembly import plan_run
 from raysim.core import server_optimizers
 from raysim.core.clients import single_class_of_clients, train_clients
-from raysim.core.server import Server
+from raysim.core.server import Server, ServerData
 from raysim.core.server_optimizers import ServerAdagrad, ServerAdam, ServerSGD
 from raysim.core.state import RoundInfo, ServerState
 from raysim.data.datasets import load_dataset
@@ -123,7 +123,7 @@ def tiny():
 def _aggregates(config, dataset, split, classes, rounds: int):
     """Each round's reduced aggregate, from a server run the copying way."""
     ctx = plan_run(config, dataset).ctx
-    server = Server(ctx, dataset.test_x, dataset.test_y, classes)
+    server = Server(ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes))
     server.algorithm._in_place_update = lambda *args: None  # the copying update only
     aggregates, states = [], [server.state]
     rng = np.random.default_rng(1)
@@ -167,7 +167,9 @@ def test_in_place_server_update_equals_the_copying_update(tiny, overrides, monke
     config = config.replace(**overrides) if overrides else config
     ctx, aggregates, states = _aggregates(config, dataset, split, classes, rounds=3)
     monkeypatch.setattr(fedaws_module, "_ROW_BLOCK", 7)  # many blocks of rows
-    algorithm = Server(ctx, dataset.test_x, dataset.test_y, classes).algorithm
+    algorithm = Server(
+        ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes)
+    ).algorithm
     state = ServerState(0, {k: v.copy() for k, v in states[0].arrays.items()})
     for round_index, aggregate in enumerate(aggregates):
         before = dict(state.arrays)
@@ -181,7 +183,9 @@ def test_in_place_server_update_equals_the_copying_update(tiny, overrides, monke
 def test_read_only_state_and_a_refused_bound_take_the_copying_update(tiny):
     config, dataset, split, classes = tiny
     ctx, aggregates, states = _aggregates(config, dataset, split, classes, rounds=2)
-    algorithm = Server(ctx, dataset.test_x, dataset.test_y, classes).algorithm
+    algorithm = Server(
+        ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes)
+    ).algorithm
     frozen = {k: v.copy() for k, v in states[0].arrays.items()}
     for value in frozen.values():
         value.flags.writeable = False  # as after a restore from Ray's object store
@@ -335,7 +339,9 @@ def test_evaluate_equals_the_direct_evaluation(tiny, algorithm, monkeypatch):
     options = TINY["algorithm"] if algorithm == "fedaws" else {"name": algorithm}
     config = config_module.from_dict({**TINY, "algorithm": options})
     ctx = plan_run(config, dataset).ctx
-    method = Server(ctx, dataset.test_x, dataset.test_y, classes).algorithm
+    method = Server(
+        ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes)
+    ).algorithm
     state = method.init_server(ctx)
     direct = ClassEmbeddingMethod.evaluate(method, state, dataset.test_x, dataset.test_y, ctx)
     monkeypatch.setattr(metrics, "_SCORE_COLUMNS", 7)  # blocks of classes

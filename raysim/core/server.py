@@ -11,11 +11,14 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from raysim import registry
 from raysim.core.algorithm import AlgorithmHooks, RunContext, check_algorithm, check_labels
+from raysim.core.clients import single_class_of_clients
 from raysim.core.payload import encoded_nbytes
 from raysim.core.round_fold import Collusion, RoundFold
 from raysim.core.state import (
@@ -73,23 +76,40 @@ def build_attack(ctx: RunContext):
     return registry.attacks.build(attack.name, **attack.options)
 
 
+@dataclass(frozen=True)
+class ServerData:
+    """What the server holds of the data: the splits it evaluates and two facts per client.
+
+    `client_classes[c]`: the one class client c holds (-1 if several or none); needed only by
+    algorithms with per-client payloads (FedAwS). `client_sizes[c]`: client c's training
+    samples; an update claiming more is refused (its weight would be a lie). `val_x, val_y`:
+    the validation split, evaluated beside the test split when given."""
+
+    test_x: np.ndarray
+    test_y: np.ndarray
+    val_x: np.ndarray | None = None
+    val_y: np.ndarray | None = None
+    client_classes: np.ndarray | None = None
+    client_sizes: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, dataset: Any, split: Any) -> ServerData:
+        """The server's part of `dataset` (raysim.data.datasets.Dataset) split as `split`."""
+        return cls(
+            dataset.test_x,
+            dataset.test_y,
+            dataset.val_x,
+            dataset.val_y,
+            single_class_of_clients(dataset.train_y, split.indices, split.offsets),
+            np.diff(split.offsets),
+        )
+
+
 class Server:
-    def __init__(
-        self,
-        ctx: RunContext,
-        test_x: np.ndarray,
-        test_y: np.ndarray,
-        client_classes: np.ndarray | None = None,
-        client_sizes: np.ndarray | None = None,
-        val_x: np.ndarray | None = None,
-        val_y: np.ndarray | None = None,
-    ) -> None:
-        """`client_classes[c]`: the one class client c holds (-1 if several or none); needed
-        only by algorithms with per-client payloads (FedAwS). `client_sizes[c]`: client c's
-        training samples; an update claiming more is refused (its weight would be a lie).
-        `val_x, val_y`: the validation split, evaluated beside the test split when given."""
+    def __init__(self, ctx: RunContext, data: ServerData) -> None:
         self.ctx = ctx
-        self.client_sizes = client_sizes
+        self.data = data
+        self.client_sizes = data.client_sizes
         self.algorithm = build_algorithm(ctx)
         self.hooks = AlgorithmHooks.of(self.algorithm)
         self.reduces_in_task = self.hooks.reduces_in_task
@@ -107,10 +127,10 @@ class Server:
                 )
         self.aggregator = build_aggregator(ctx, self.algorithm)
         self.attack = build_attack(ctx)
-        self.client_classes = client_classes
+        self.client_classes = data.client_classes
         self.state = self.algorithm.init_server(ctx)
-        self.test_x, self.test_y = test_x, test_y
-        self.val_x, self.val_y = val_x, val_y
+        self.test_x, self.test_y = data.test_x, data.test_y
+        self.val_x, self.val_y = data.val_x, data.val_y
         self._payload_cache: tuple[int, object, int] | None = None
         # What a valid client update looks like, and its wire format (raysim.core.codecs).
         self.codec, self.layout = (

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from raysim.core.algorithm import RunContext
-from raysim.core.clients import single_class_of_clients, train_clients
+from raysim.core.clients import train_clients
 from raysim.core.faults import FaultPlan, InjectedClientFailure
-from raysim.core.server import Server, build_algorithm
+from raysim.core.server import Server, ServerData, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset, load_dataset
 from raysim.data.partition import ClientSplit
@@ -40,15 +38,7 @@ class LocalBackend:
         self.ctx = ctx
         self.dataset = dataset
         self.split = split
-        self.server = Server(
-            ctx,
-            dataset.test_x,
-            dataset.test_y,
-            single_class_of_clients(dataset.train_y, split.indices, split.offsets),
-            client_sizes=np.diff(split.offsets),
-            val_x=dataset.val_x,
-            val_y=dataset.val_y,
-        )
+        self.server = Server(ctx, ServerData.of(dataset, split))
         self.algorithm = build_algorithm(ctx)
 
     def run_round(
@@ -120,13 +110,7 @@ class LocalBackend:
     def restart(self, state: ServerState | None) -> None:
         """A fresh server at `state` (None: the initial state). The local server lives in this
         process, so it is never lost; this is for the protocol's sake."""
-        self.server = Server(
-            self.ctx,
-            self.dataset.test_x,
-            self.dataset.test_y,
-            self.server.client_classes,
-            client_sizes=self.server.client_sizes,
-        )
+        self.server = Server(self.ctx, self.server.data)
         if state is not None:
             self.set_state(state)
 

@@ -18,13 +18,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import numpy as np
 import ray
 
 from raysim.core.algorithm import RunContext
-from raysim.core.clients import single_class_of_clients
 from raysim.core.faults import ServerLost
-from raysim.core.server import build_algorithm
+from raysim.core.server import ServerData, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
@@ -84,16 +82,8 @@ class RayBackend(ClientPlacement):
         self.dataset, self.split = dataset, split
         self.started_ray = False
         run_ref = put_run_bundle(ctx, build_algorithm(ctx), train_x_ref, dataset, split)
-        server_args = (
-            ctx,
-            [run_ref],
-            ray.put(dataset.test_x),
-            ray.put(dataset.test_y),
-            single_class_of_clients(dataset.train_y, split.indices, split.offsets),
-            np.diff(split.offsets),
-            None if dataset.val_x is None else ray.put(dataset.val_x),
-            None if dataset.val_y is None else ray.put(dataset.val_y),
-        )
+        # The server's data in the object store once (a restarted actor reads it again).
+        server_args = (ctx, [run_ref], ray.put(ServerData.of(dataset, split)))
         # (server.num_gpus as granted: granted_gpus)
         self.server = ServerHandle(server_args, ctx.config.server.num_gpus)
         self.restarts = 0

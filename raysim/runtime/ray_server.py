@@ -19,7 +19,7 @@ import ray
 from raysim.core.algorithm import RunContext
 from raysim.core.clients import chunk_clients
 from raysim.core.faults import CapacityWatch, FaultPlan, ServerLost
-from raysim.core.server import Server
+from raysim.core.server import Server, ServerData
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.models.devices import task_num_gpus
 from raysim.process_memory import peak_rss_bytes
@@ -45,22 +45,9 @@ class ServerActor:
         self,
         ctx: RunContext,
         run_ref: list,
-        test_x: np.ndarray,
-        test_y: np.ndarray,
-        client_classes: np.ndarray,
-        client_sizes: np.ndarray,
-        val_x: np.ndarray | None = None,
-        val_y: np.ndarray | None = None,
+        data: ServerData,
     ) -> None:
-        self.server = Server(
-            ctx,
-            test_x,
-            test_y,
-            client_classes,
-            client_sizes=client_sizes,
-            val_x=val_x,
-            val_y=val_y,
-        )
+        self.server = Server(ctx, data)
         self.run_ref = run_ref
         clients = ctx.config.clients
         cluster_gpus = ray.cluster_resources().get("GPU", 0.0)

@@ -181,7 +181,7 @@ def tiny_fedaws_setup():
     from raysim import config
     from raysim.assembly import plan_run
     from raysim.core.clients import single_class_of_clients
-    from raysim.core.server import Server
+    from raysim.core.server import Server, ServerData
     from raysim.data.datasets import load_dataset
 
     run_config = config.from_dict(TINY_FEDAWS)
@@ -189,7 +189,13 @@ def tiny_fedaws_setup():
     plan = plan_run(run_config, dataset)
     split, ctx = plan.split, plan.ctx
     classes = single_class_of_clients(dataset.train_y, split.indices, split.offsets)
-    return ctx, dataset, split, classes, Server(ctx, dataset.test_x, dataset.test_y, classes)
+    return (
+        ctx,
+        dataset,
+        split,
+        classes,
+        Server(ctx, ServerData(dataset.test_x, dataset.test_y, client_classes=classes)),
+    )
 
 
 def _fedaws():
