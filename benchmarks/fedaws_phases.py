@@ -71,7 +71,7 @@ from raysim.core.server import _non_finite_arrays, build_algorithm
 from raysim.data.datasets import load_dataset
 from raysim.models.layout import layout_of
 from raysim.models.vector import cached_model
-from raysim.outputs.environment import peak_rss_bytes
+from raysim.process_memory import peak_rss_bytes
 from raysim.seeds import sample_clients
 
 SERVER_PHASES = ("aggregation", "index", "spreadout", "evaluation")

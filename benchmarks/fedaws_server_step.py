@@ -39,7 +39,7 @@ import torch
 
 from raysim.algorithms.spreadout import mine_negatives, spreadout_topk
 from raysim.index import build_index
-from raysim.outputs.environment import peak_rss_bytes
+from raysim.process_memory import peak_rss_bytes
 
 
 @dataclass

@@ -34,7 +34,7 @@ def one_size(num_clients: int, samples_per_client: int, num_cpus: int | None) ->
     """Runs in a child process: one simulation with `num_clients` registered clients."""
     from raysim import config as config_module
     from raysim.assembly import run
-    from raysim.outputs.environment import peak_rss_bytes
+    from raysim.process_memory import peak_rss_bytes
 
     baseline = peak_rss_bytes()  # after importing torch, ray and raysim
     num_samples = num_clients * samples_per_client
