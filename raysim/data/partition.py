@@ -425,18 +425,6 @@ def random(dataset: Dataset, num_clients: int, seed: int) -> ClientSplit | Parti
 # --- the dispatcher -------------------------------------------------------------------------------
 
 
-def check_partition_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options of partitioner `name`, checked without data: names and types against its
-    keyword-only parameters, then its `check_options` attribute if it has one."""
-    from raysim import registry
-
-    checked = registry.partitioners.check_options(name, options, "partition")
-    check = getattr(registry.partitioners.get(name), "check_options", None)
-    if callable(check):
-        check(**checked)
-    return checked
-
-
 def split_dataset(
     dataset: Dataset,
     name: str,
@@ -451,7 +439,7 @@ def split_dataset(
     """
     from raysim import registry
 
-    checked = check_partition_options(name, options or {})
+    checked = registry.partitioners.check_option_values(name, options or {}, "partition")
     produced = registry.partitioners.build(name, dataset, num_clients, seed, **checked)
     if isinstance(produced, ClientSplit):
         produced = PartitionResult(produced)
