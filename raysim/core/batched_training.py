@@ -1,0 +1,352 @@
+"""Many clients' local training in one vmapped step: the batched twin of raysim.core.training.
+
+With `clients.batched: true`, a task's clients are trained `clients.batch_chunk` at a time
+with torch.func: their parameters stacked along a leading clients axis, one
+`vmap(grad_and_value(loss))` per local step for the whole chunk, then one SGD step on the
+stacked tensors. Each client still sees exactly what the sequential loop
+(`raysim.core.training.local_training`) gives it:
+
+- its own batch order: at the start of every epoch `torch.randperm(n, generator=its
+  generator)` on the CPU, cut into batches of `batch_size` (the last one shorter);
+- its own number of steps, `epochs * ceil(n / batch_size)`: a client whose steps are done is
+  masked (`torch.where` keeps its parameters and momentum as they were; nothing it computes
+  afterwards reaches them), and a client without samples never steps;
+- its own learning rate at every step (the round's base rate through `lr_schedule`, whose
+  steps per epoch are the client's own), weight decay, momentum and proximal term.
+
+Every batch is padded to the same number of rows, `ClientBatch.rows` (a function of the split:
+min(batch_size, the largest client's size), never of which clients share a chunk); padded
+rows carry weight 0 in the client's mean loss. On a GPU every vmapped call also holds exactly
+`ClientBatch.slots` clients (empty clients fill a short chunk): the shapes a kernel sees are
+then the same whatever the packing, so its choice of algorithm is too.
+
+Determinism: within the batched mode a client's result depends on its own inputs only, never
+on which clients share its chunk or its place in it (tests/test_batched_clients.py trains the
+same clients in chunks of 1, 2 and 3, in tasks of every packing, and compares with ==). The
+elementwise SGD arithmetic uses only correctly rounded single operations (no fused
+multiply-add, whose use by torch's vector kernels depends on where an element falls in a
+tensor, hence on the chunk's size). Against the sequential path the results agree to float
+rounding, not bit for bit: the masked mean, the batched matrix products and the unfused
+`p - lr * buf` round differently (docs/BATCHED.md gives the measured tolerance).
+
+This module imports nothing from raysim.algorithms.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim.core.training import scheduled_lr
+
+_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class ClientBatch:
+    """One chunk of a task's clients, as the engine hands it to an algorithm's
+    `batched_client_updates` (plain data: the clients' rows and generators, in client order).
+
+    `rows`: the rows every padded batch holds (min(batch_size, the split's largest client)).
+    `slots`: the number of clients every vmapped call holds on a GPU (None: as many as the
+    chunk has, on the CPU, where kernels do not change with the count)."""
+
+    client_ids: tuple[int, ...]
+    xs: tuple[torch.Tensor, ...]
+    ys: tuple[torch.Tensor, ...]
+    generators: tuple[torch.Generator, ...]
+    rows: int
+    slots: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.client_ids)
+
+
+def sample_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-sample cross-entropy (the FedAvg family's loss before the mean)."""
+    return nn.functional.cross_entropy(logits, targets, reduction="none")
+
+
+def model_problem(model: nn.Module, input_shape: Sequence[int]) -> str | None:
+    """Why `model` cannot be trained under vmap (one line), or None; probed once per model.
+
+    Buffers (BatchNorm's running statistics) are written in place during training, frozen or
+    shared parameters would need the optimizer's skipping rules, and a random layer (dropout)
+    draws from torch's global generator, which a vmapped call cannot split per client. The
+    probe runs one vmapped forward/backward of two clients on one zero row of `input_shape`."""
+    known = _PROBLEMS.get(model, False)
+    if known is not False:
+        return known
+    problem = _probe(model, tuple(int(s) for s in input_shape))
+    _PROBLEMS[model] = problem
+    return problem
+
+
+def _probe(model: nn.Module, input_shape: tuple[int, ...]) -> str | None:
+    if any(True for _ in model.buffers()):
+        return "the model has buffers (e.g. BatchNorm running statistics)"
+    names = _parameter_names(model)
+    if names is None:
+        return "the model shares a tensor between two parameters"
+    params = dict(model.named_parameters())
+    if not all(params[name].requires_grad for name in names):
+        return "the model has frozen parameters"
+    if model.training is False:
+        return "the model is in eval mode"
+    stacked = {n: params[n].detach().unsqueeze(0).expand(2, *params[n].shape) for n in names}
+    device = next(iter(params.values())).device if params else torch.device("cpu")
+    x = torch.zeros((2, 1, *input_shape), device=device)
+
+    def total(p, row):
+        return torch.func.functional_call(model, p, (row,)).float().sum()
+
+    try:
+        torch.func.vmap(torch.func.grad(total), randomness="error")(stacked, x)
+    except Exception as error:  # noqa: BLE001 - any failure means: train it sequentially
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return f"the model does not run under torch.func.vmap ({first[:160]})"
+    return None
+
+
+def _parameter_names(model: nn.Module) -> list[str] | None:
+    """The parameters in the model vector's order (state_dict order, raysim.models.vector),
+    or None when two names share one tensor."""
+    state = model.state_dict(keep_vars=True)
+    floating = [(name, t) for name, t in state.items() if t.is_floating_point()]
+    if len({id(t) for _, t in floating}) != len(floating):
+        return None
+    return [name for name, _ in floating]
+
+
+def padded_rows(batch_size: int, client_sizes: np.ndarray) -> int:
+    """Rows of every padded batch: min(batch_size, the largest client), at least 1. A function
+    of the split, so the same for every chunk and packing of a run."""
+    largest = int(client_sizes.max()) if len(client_sizes) else 0
+    return max(1, min(int(batch_size), largest))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Every step's rows of the chunk, drawn up front from the clients' generators."""
+
+    index: torch.Tensor  # int64 [steps, slots, rows]: rows of the chunk's concatenated data
+    weight: torch.Tensor  # float32 [steps, slots, rows]: 1 for a real row, 0 for padding
+    count: torch.Tensor  # float32 [steps, slots]: real rows (1 where none: no division by 0)
+    active: torch.Tensor  # bool [steps, slots]: the client takes this step
+    lr: torch.Tensor  # float32 [steps, slots]: the client's learning rate at this step
+    steps: list[int]  # each real client's number of steps
+
+
+def _plan(
+    sizes: Sequence[int],
+    generators: Sequence[torch.Generator],
+    slots: int,
+    *,
+    rows: int,
+    batch_size: int,
+    epochs: int,
+    base_lrs: Sequence[float],
+    lr_schedule: str,
+) -> _Plan:
+    per_epoch = [-(-n // batch_size) for n in sizes]
+    steps = [epochs * k for k in per_epoch]
+    total = max(steps, default=0)
+    index = torch.zeros((total, slots, rows), dtype=torch.int64)
+    weight = torch.zeros((total, slots, rows), dtype=torch.float32)
+    lr = torch.zeros((total, slots), dtype=torch.float32)
+    start = 0
+    for slot, (n, generator) in enumerate(zip(sizes, generators, strict=True)):
+        if n:
+            width = per_epoch[slot] * batch_size
+            # The sequential loop's draws, in its order: one randperm per epoch.
+            orders = torch.stack([torch.randperm(n, generator=generator) for _ in range(epochs)])
+            padded = torch.full((epochs, width), -1, dtype=torch.int64)
+            padded[:, :n] = orders
+            # batch j of epoch e is padded[e, j*bs:(j+1)*bs]; only its first `rows` can be real
+            batches = padded.view(epochs * per_epoch[slot], batch_size)[:, :rows]
+            real = batches >= 0
+            index[: steps[slot], slot] = torch.where(real, batches + start, start)
+            weight[: steps[slot], slot] = real.float()
+            lr[: steps[slot], slot] = torch.tensor(
+                [
+                    scheduled_lr(
+                        lr_schedule,
+                        base_lrs[slot],
+                        step,
+                        steps_per_epoch=per_epoch[slot],
+                        epochs=epochs,
+                    )
+                    for step in range(steps[slot])
+                ],
+                dtype=torch.float32,
+            )
+        start += n
+    active = torch.arange(total).unsqueeze(1) < torch.tensor(
+        steps + [0] * (slots - len(sizes))
+    ).unsqueeze(0)
+    count = weight.sum(dim=2).clamp(min=1.0)  # sums of 0/1 values: exact
+    return _Plan(index, weight, count, active, lr, steps)
+
+
+def train_batched(
+    model: nn.Module,
+    starts: Sequence[np.ndarray],
+    batch: ClientBatch,
+    *,
+    lr: float | Sequence[float],
+    batch_size: int,
+    epochs: int,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    proximal_mu: float = 0.0,
+    lr_schedule: str = "constant",
+    sample_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = sample_cross_entropy,
+    device: torch.device | None = None,
+) -> tuple[np.ndarray, list[float]]:
+    """Train `batch`'s clients together from `starts` (one flat model vector each); returns
+    the trained vectors (float32, one row per client, in order) and each client's mean loss.
+
+    The twin of `local_training` with `fresh_sgd`: every step's loss is the client's mean of
+    `sample_loss(outputs, targets)` over its batch's real rows, plus 0.5 * proximal_mu *
+    sum ||p - p_0||^2; then weight decay, momentum (the first step's buffer is the gradient)
+    and p <- p - lr * buf. A client's mean loss is the float sum of its steps' losses over its
+    steps, NaN for a client without samples. `lr`: the round's base rate, one for all or one
+    per client. `model` gives the architecture only; its values are not read or changed."""
+    names = _parameter_names(model)
+    if names is None:
+        raise ValueError("the model shares a tensor between two parameters")
+    device = torch.device("cpu") if device is None else device
+    count = len(batch)
+    slots = max(count, batch.slots or 0)
+    sizes = [len(y) for y in batch.ys]
+    base_lrs = [float(lr)] * count if isinstance(lr, (int, float)) else [float(v) for v in lr]
+    if len(starts) != count or len(base_lrs) != count:
+        raise ValueError(f"{len(starts)} starts and {len(base_lrs)} rates for {count} clients")
+    if any(n != len(x) for n, x in zip(sizes, batch.xs, strict=True)):
+        raise ValueError("every client needs as many labels as rows")
+    if max(sizes, default=0) and batch.rows < min(batch_size, max(sizes)):
+        raise ValueError(f"rows={batch.rows} is fewer than a batch of this chunk holds")
+    start_rows = np.stack([np.asarray(s, dtype=np.float32) for s in starts])
+    if not sum(sizes):
+        return start_rows.copy(), [float("nan")] * count
+    plan = _plan(
+        sizes,
+        batch.generators,
+        slots,
+        rows=batch.rows,
+        batch_size=batch_size,
+        epochs=epochs,
+        base_lrs=base_lrs,
+        lr_schedule=lr_schedule,
+    )
+    data_x = torch.cat([x for x, n in zip(batch.xs, sizes, strict=True) if n]).to(device)
+    data_y = torch.cat([y for y, n in zip(batch.ys, sizes, strict=True) if n]).to(device)
+    stacked = torch.zeros((slots, start_rows.shape[1]), dtype=torch.float32)
+    stacked[:count] = torch.from_numpy(start_rows)
+    stacked = stacked.to(device)
+    shapes = dict(model.state_dict(keep_vars=True))
+    params, offset = {}, 0
+    for name in names:
+        size = shapes[name].numel()
+        params[name] = stacked[:, offset : offset + size].reshape(slots, *shapes[name].shape)
+        offset += size
+    anchors = {name: value.clone() for name, value in params.items()} if proximal_mu else None
+    step_fn = _step_function(model, names, sample_loss, proximal_mu)
+    buffers: dict[str, torch.Tensor] | None = None
+    losses = torch.zeros((len(plan.active), slots), dtype=torch.float32)
+    on_device = [t.to(device) for t in (plan.index, plan.weight, plan.count, plan.active, plan.lr)]
+    index, weight, counts, active, rates = on_device
+    for step in range(len(plan.active)):
+        rows_of_step = index[step]
+        x = data_x[rows_of_step]
+        y = data_y[rows_of_step]
+        if anchors is None:
+            grads, loss = step_fn(params, x, y, weight[step], counts[step])
+        else:
+            grads, loss = step_fn(params, anchors, x, y, weight[step], counts[step])
+        losses[step] = loss.detach().float().cpu()
+        params, buffers = _sgd_step(
+            params, grads, buffers, active[step], rates[step], momentum, weight_decay
+        )
+    trained = torch.cat([params[name].reshape(slots, -1) for name in names], dim=1)
+    trained = trained[:count].detach().cpu().numpy().astype(np.float32, copy=False)
+    step_losses = losses.double().numpy()
+    means = []
+    for slot, steps in enumerate(plan.steps):
+        # The sequential loop's float(loss) summed in step order, over the client's own steps.
+        total = 0.0
+        for value in step_losses[:steps, slot]:
+            total += float(value)
+        means.append(total / steps if steps else float("nan"))
+    return trained, means
+
+
+def _step_function(model, names, sample_loss, proximal_mu):
+    """vmap(grad_and_value) of one client's step loss over the clients axis."""
+
+    def loss_of(params, *rest):
+        if proximal_mu:
+            anchors, x, y, weight, count = rest
+        else:
+            x, y, weight, count = rest
+        outputs = torch.func.functional_call(model, params, (x,))
+        loss = (sample_loss(outputs.float(), y) * weight).sum() / count
+        if proximal_mu:
+            # The sequential loop's proximal term, tensor by tensor in the same order.
+            proximal = sum(((params[n] - anchors[n]) ** 2).sum() for n in names)
+            loss = loss + 0.5 * proximal_mu * proximal
+        return loss
+
+    return torch.func.vmap(torch.func.grad_and_value(loss_of), randomness="error")
+
+
+def _sgd_step(params, grads, buffers, active, rates, momentum, weight_decay):
+    """LeanSGD's step on the stacked clients, then the mask: a client not taking this step
+    keeps its parameters and momentum exactly. No alpha= arguments: those run as fused
+    multiply-adds in torch's vector kernels but not in their scalar tails, so an element's
+    rounding would depend on its position in the stacked tensor, i.e. on the chunk."""
+    new_params, new_buffers = {}, {}
+    for name, param in params.items():
+        shape = (-1,) + (1,) * (param.dim() - 1)
+        keep = active.view(shape)
+        grad = grads[name]
+        if weight_decay != 0:
+            grad = grad + param * weight_decay
+        if momentum != 0:
+            if buffers is None:  # every client's first step is the chunk's step 0
+                buffer = grad
+            else:
+                buffer = torch.where(keep, buffers[name] * momentum + grad, buffers[name])
+            new_buffers[name] = buffer
+            grad = buffer
+        new_params[name] = torch.where(keep, param - grad * rates.view(shape), param)
+    return new_params, (new_buffers if momentum != 0 else None)
+
+
+def bytes_per_client_parameter(momentum: float, proximal_mu: float) -> int:
+    """Float32 copies of the parameters a chunk holds per client during training: the start
+    vector, the stacked parameters, their gradients, the step's new values, the momentum
+    buffer and the proximal anchors (docs/BATCHED.md measures the total, activations aside)."""
+    copies = 4 + (1 if momentum else 0) + (1 if proximal_mu else 0)
+    return 4 * copies
+
+
+def chunks(count: int, size: int) -> list[range]:
+    """Positions of a task's clients in runs of `size` (the last shorter), in client order."""
+    return [range(i, min(count, i + size)) for i in range(0, count, max(1, size))]
+
+
+__all__ = [
+    "ClientBatch",
+    "bytes_per_client_parameter",
+    "chunks",
+    "model_problem",
+    "padded_rows",
+    "sample_cross_entropy",
+    "train_batched",
+]
