@@ -28,6 +28,9 @@ MAX_TASK_RESOURCES = 1024.0  # CPUs or GPUs of one task or actor: it runs on one
 # Local epochs of one client in one round: the papers raysim reproduces use 1-20; 1e12 would
 # make round 1 never end (the step count, epochs x batches, is bounded in raysim.core.loop).
 MAX_LOCAL_EPOCHS = 10_000
+# Clients of one vmapped call (clients.batch_chunk): each holds ~24 bytes per model parameter
+# there, so 100,000 clients of a 10k-parameter MLP are already 24 GB.
+MAX_BATCH_CHUNK = 100_000
 
 
 def require(source: str, condition: bool, key: str, expected: str, value: Any) -> None:

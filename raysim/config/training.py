@@ -11,6 +11,7 @@ from typing import Any
 
 from raysim import registry
 from raysim.config.limits import (
+    MAX_BATCH_CHUNK,
     MAX_LEARNING_RATE,
     MAX_LOCAL_EPOCHS,
     MAX_TASK_RESOURCES,
@@ -35,6 +36,11 @@ class ClientsConfig:
     # A client whose training fails (worker crash, injected fault) is retried up to this many
     # times in the same round, then dropped for the round.
     max_retries: int = 3
+    # Train a task's clients `batch_chunk` at a time in one vmapped step (torch.func) instead
+    # of one after another, for algorithms that opt in (docs/BATCHED.md); the others say so
+    # once and train sequentially. Off by default: the sequential path is the reference.
+    batched: bool = False
+    batch_chunk: int = 256  # clients per vmapped call: bounds the memory (docs/BATCHED.md)
 
     def check(self, source: str, resolve: bool = True) -> None:
         """`per_round` against `partition.num_clients`: raysim.config.cross_checks."""
@@ -80,6 +86,17 @@ class ClientsConfig:
                 value,
             )
         require(source, self.max_retries >= 0, "clients.max_retries", ">= 0", self.max_retries)
+        chunk = self.batch_chunk
+        require(source, chunk >= 1, "clients.batch_chunk", ">= 1", chunk)
+        # Every chunk holds its clients' parameters a few times over (docs/BATCHED.md); a
+        # million clients of even a 10k-parameter model would be 200 GB.
+        require(
+            source,
+            chunk <= MAX_BATCH_CHUNK,
+            "clients.batch_chunk",
+            f"at most {MAX_BATCH_CHUNK:,}",
+            chunk,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
