@@ -156,24 +156,26 @@ def _plan(
     per_epoch = [-(-n // batch_size) for n in sizes]
     steps = [epochs * k for k in per_epoch]
     total = max(steps, default=0)
-    index = torch.zeros((total, slots, rows), dtype=torch.int64)
-    weight = torch.zeros((total, slots, rows), dtype=torch.float32)
-    lr = torch.zeros((total, slots), dtype=torch.float32)
+    # Assembled in numpy (a few us a client; torch's per-call overhead is several times that).
+    index = np.zeros((total, slots, rows), dtype=np.int64)
+    weight = np.zeros((total, slots, rows), dtype=np.float32)
+    lr = np.zeros((total, slots), dtype=np.float32)
     start = 0
     for slot, (n, generator) in enumerate(zip(sizes, generators, strict=True)):
         if n:
             width = per_epoch[slot] * batch_size
-            # The sequential loop's draws, in its order: one randperm per epoch.
-            orders = torch.stack([torch.randperm(n, generator=generator) for _ in range(epochs)])
-            padded = torch.full((epochs, width), -1, dtype=torch.int64)
-            padded[:, :n] = orders
+            padded = np.full((epochs, width), -1, dtype=np.int64)
+            for epoch in range(epochs):  # the sequential loop's draws, in its order
+                padded[epoch, :n] = torch.randperm(n, generator=generator).numpy()
             # batch j of epoch e is padded[e, j*bs:(j+1)*bs]; only its first `rows` can be real
-            batches = padded.view(epochs * per_epoch[slot], batch_size)[:, :rows]
+            batches = padded.reshape(steps[slot], batch_size)[:, :rows]
             real = batches >= 0
-            index[: steps[slot], slot] = torch.where(real, batches + start, start)
-            weight[: steps[slot], slot] = real.float()
-            lr[: steps[slot], slot] = torch.tensor(
-                [
+            index[: steps[slot], slot] = np.where(real, batches + start, start)
+            weight[: steps[slot], slot] = real
+            if lr_schedule == "constant":
+                lr[: steps[slot], slot] = base_lrs[slot]
+            else:
+                lr[: steps[slot], slot] = [
                     scheduled_lr(
                         lr_schedule,
                         base_lrs[slot],
@@ -182,14 +184,12 @@ def _plan(
                         epochs=epochs,
                     )
                     for step in range(steps[slot])
-                ],
-                dtype=torch.float32,
-            )
+                ]
         start += n
-    active = torch.arange(total).unsqueeze(1) < torch.tensor(
-        steps + [0] * (slots - len(sizes))
-    ).unsqueeze(0)
-    count = weight.sum(dim=2).clamp(min=1.0)  # sums of 0/1 values: exact
+    taken = np.array(steps + [0] * (slots - len(sizes)))
+    active = torch.from_numpy(np.arange(total)[:, None] < taken[None, :])
+    count = torch.from_numpy(weight.sum(axis=2)).clamp(min=1.0)  # sums of 0/1 values: exact
+    index, weight, lr = torch.from_numpy(index), torch.from_numpy(weight), torch.from_numpy(lr)
     return _Plan(index, weight, count, active, lr, steps)
 
 
@@ -311,6 +311,7 @@ def _sgd_step(params, grads, buffers, active, rates, momentum, weight_decay):
     multiply-adds in torch's vector kernels but not in their scalar tails, so an element's
     rounding would depend on its position in the stacked tensor, i.e. on the chunk."""
     new_params, new_buffers = {}, {}
+    everyone = bool(active.all())  # most steps: no mask needed (where would pick the new value)
     for name, param in params.items():
         shape = (-1,) + (1,) * (param.dim() - 1)
         keep = active.view(shape)
@@ -321,10 +322,12 @@ def _sgd_step(params, grads, buffers, active, rates, momentum, weight_decay):
             if buffers is None:  # every client's first step is the chunk's step 0
                 buffer = grad
             else:
-                buffer = torch.where(keep, buffers[name] * momentum + grad, buffers[name])
+                buffer = buffers[name] * momentum + grad
+                buffer = buffer if everyone else torch.where(keep, buffer, buffers[name])
             new_buffers[name] = buffer
             grad = buffer
-        new_params[name] = torch.where(keep, param - grad * rates.view(shape), param)
+        stepped = param - grad * rates.view(shape)
+        new_params[name] = stepped if everyone else torch.where(keep, stepped, param)
     return new_params, (new_buffers if momentum != 0 else None)
 
 
@@ -341,8 +344,73 @@ def chunks(count: int, size: int) -> list[range]:
     return [range(i, min(count, i + size)) for i in range(0, count, max(1, size))]
 
 
+def batching_refusal(ctx, hooks) -> str | None:
+    """Why `clients.batched` cannot batch this run's clients (one line), or None.
+
+    An algorithm opts in with `batched_client_updates(payload, batch, ctx)` and may refuse
+    for one configuration with `batching_problem(ctx) -> reason | None` (resolved once in
+    AlgorithmHooks). In-task reducers and personal payloads (FedAwS) have no batched path."""
+    name = ctx.config.algorithm.name
+    if hooks.batched_client_updates is None:
+        return f"algorithm '{name}' has no batched client path"
+    if hooks.reduces_in_task or hooks.client_payload is not None:
+        return f"algorithm '{name}' reduces in the task or sends personal payloads"
+    problem = hooks.batching_problem(ctx) if hooks.batching_problem is not None else None
+    return f"algorithm '{name}': {problem}" if problem else None
+
+
+def batched_updates(
+    ctx,
+    hooks,
+    payload,
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    indices: np.ndarray,
+    offsets: np.ndarray,
+    round_index: int,
+    client_ids: Sequence[int],
+) -> list | None:
+    """The task's clients trained `clients.batch_chunk` at a time through the algorithm's
+    `batched_client_updates`: one update per client, in order; None (after a one-line notice,
+    once per process) when the run cannot batch, and the caller trains them one by one."""
+    from raysim.models.devices import client_device, notice_once
+    from raysim.seeds import client_generator
+
+    refusal = batching_refusal(ctx, hooks)
+    if refusal is not None:
+        notice_once(f"clients.batched: {refusal}; training clients one at a time (docs/BATCHED.md)")
+        return None
+    clients = ctx.config.clients
+    rows = padded_rows(clients.batch_size, np.diff(offsets))
+    # On a GPU every call holds batch_chunk clients, so cuBLAS sees one shape whatever the
+    # packing; on the CPU the kernels' per-client arithmetic does not change with the count.
+    slots = clients.batch_chunk if client_device(ctx).type != "cpu" else None
+    updates: list = []
+    for run in chunks(len(client_ids), clients.batch_chunk):
+        ids = tuple(int(client_ids[i]) for i in run)
+        row_sets = [indices[offsets[c] : offsets[c + 1]] for c in ids]
+        batch = ClientBatch(
+            client_ids=ids,
+            xs=tuple(torch.from_numpy(train_x[r]) for r in row_sets),
+            ys=tuple(torch.from_numpy(train_y[r].astype(np.int64, copy=False)) for r in row_sets),
+            generators=tuple(client_generator(ctx.seed, round_index, c) for c in ids),
+            rows=rows,
+            slots=slots,
+        )
+        produced = list(hooks.batched_client_updates(payload, batch, ctx))
+        if [int(u.client_id) for u in produced] != list(ids):
+            raise RuntimeError(
+                f"batched_client_updates returned updates of clients "
+                f"{[u.client_id for u in produced][:8]} for clients {list(ids)[:8]}"
+            )
+        updates += produced
+    return updates
+
+
 __all__ = [
     "ClientBatch",
+    "batched_updates",
+    "batching_refusal",
     "bytes_per_client_parameter",
     "chunks",
     "model_problem",
