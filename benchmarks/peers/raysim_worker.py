@@ -7,8 +7,11 @@ checkpoints every `run.checkpoint_every` rounds and at the last. Round times are
 of consecutive `elapsed_s` in metrics.jsonl (as benchmarks/throughput.py takes them). The
 .npz's client schedule and batch orders were drawn by raysim's own sampling functions from this
 config and seed, so this run trains the same clients in the same order. Prints one JSON line.
+`--batched 1` trains each task's clients together (`clients.batched: true`, docs/BATCHED.md):
+the same batches, agreeing with the sequential path to float rounding.
 
     python benchmarks/peers/raysim_worker.py --workload FILE.npz --backend local --out DIR
+                                             [--batched 1]
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from common import emit, load_workload, quiet_stdout, worker_args  # noqa: E402
 
 
 def main(argv=None) -> int:
-    args = worker_args(argv, backend=(str, "local"), out=(str, None))
+    args = worker_args(argv, backend=(str, "local"), out=(str, None), batched=(int, 0))
     import ray
     import torch  # noqa: F401 - versions below
 
@@ -37,13 +40,17 @@ def main(argv=None) -> int:
         f"run.eval_every={rounds}",
         f"run.name=peers_{work.meta['workload']}_{args.backend}",
     ]
+    system = f"raysim_{args.backend}"
+    if args.batched:
+        overrides.append("clients.batched=true")
+        system = f"raysim_batched_{args.backend}"
     with quiet_stdout():
         result = raysim.run({}, args.out, overrides=overrides, progress=False, overwrite=True)
     lines = (Path(args.out) / "metrics.jsonl").read_text().splitlines()
     elapsed = [json.loads(line)["elapsed_s"] for line in lines]
     times = [b - a for a, b in zip([0.0, *elapsed], elapsed, strict=False)]
     emit(
-        f"raysim_{args.backend}",
+        system,
         times,
         float(result.summary["final"]["accuracy"]),
         result.state.arrays["params"],

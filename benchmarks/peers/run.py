@@ -3,6 +3,9 @@
 Systems, each run as its own worker process that prints one JSON line:
   raysim_ray    raysim.run(...) on the Ray backend (raysim_worker.py, this Python)
   raysim_local  raysim.run(...) on the in-process backend (raysim_worker.py, this Python)
+  raysim_batched  the same two with `clients.batched: true` (runs raysim_batched_ray and
+                raysim_batched_local): each task's clients trained together, one vmapped step
+                for all of them (docs/BATCHED.md)
   pfl           pfl-research (`pfl` ~0.6): FederatedAveraging.run over a SimulatedBackend
                 (peer_pfl.py, in benchmarks/peers/.venvs/pfl)
   flower        Flower (`flwr` ~1.42): its Simulation Runtime (run_simulation: ServerApp with
@@ -55,9 +58,13 @@ Peers live in their own virtual environments, made on request (never raysim depe
                                    [--repeats 3] [--rounds N] [--peer-threads 1]
                                    [--out FILE] [--work-dir DIR] [--timeout S]
 
-`--setup` makes benchmarks/peers/.venvs/NAME with `python -m venv --system-site-packages` (so
-torch and numpy come from this Python's site-packages) and pip-installs the peer into it.
-Without it, a peer whose venv is missing is skipped with a line naming the command.
+`--setup` makes benchmarks/peers/.venvs/NAME with `python -m venv --system-site-packages` and
+pip-installs the peer into it. torch and numpy must come from this Python's site-packages; when
+this Python is itself a virtual environment, --system-site-packages would show the base
+interpreter's packages instead (no torch there: every peer run failed with "No module named
+'torch'"), so setup also writes a .pth file into the peer's venv naming this Python's own
+site-packages (an existing venv is repaired the same way). Without --setup, a peer whose venv
+is missing or cannot import its module or torch is skipped with a line naming the command.
 """
 
 from __future__ import annotations
@@ -84,10 +91,12 @@ PEERS = {
     "pfl": {"requirement": "pfl~=0.6.0", "module": "pfl", "script": "peer_pfl.py"},
     "flower": {"requirement": "flwr~=1.42.0", "module": "flwr", "script": "peer_flower.py"},
 }
-SYSTEMS = ("raysim_ray", "raysim_local", "pfl", "flower", "plain")
+SYSTEMS = ("raysim_ray", "raysim_local", "raysim_batched", "pfl", "flower", "plain")
 LABELS = {
     "raysim_ray": "raysim (Ray backend)",
     "raysim_local": "raysim (local backend)",
+    "raysim_batched_ray": "raysim batched (Ray)",
+    "raysim_batched_local": "raysim batched (local)",
     "pfl": "pfl",
     "flower": "Flower",
     "plain_1t": "plain, 1 thread",
@@ -204,14 +213,43 @@ def venv_python(peer: str) -> Path:
     return VENVS / peer / "bin" / "python"
 
 
+def this_site_packages() -> list[str]:
+    """This Python's own site-packages (a venv's, when it runs in one)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def link_site_packages(peer: str) -> None:
+    """Make this Python's site-packages visible in the peer's venv (a .pth file there).
+
+    `venv --system-site-packages` shows the *base* interpreter's packages; run from inside a
+    virtual environment (the usual case), that base has no torch. A .pth line is appended to
+    the peer's sys.path after its own packages, so what pip installed for the peer wins."""
+    if sys.prefix == sys.base_prefix:
+        return  # not in a venv: --system-site-packages already shows these packages
+    found = subprocess.run(
+        [str(venv_python(peer)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pth = Path(found.stdout.strip()) / "_raysim_benchmark_parent.pth"
+    pth.write_text("".join(f"{path}\n" for path in this_site_packages()))
+    print(f"setup: {pth} -> {', '.join(this_site_packages())}", flush=True)
+
+
 def setup_peer(peer: str) -> None:
-    """Create the peer's venv (system site-packages visible) and pip-install the peer."""
+    """Create the peer's venv (system site-packages visible, and this Python's when it is a
+    venv) and pip-install the peer."""
     target = VENVS / peer
     requirement = PEERS[peer]["requirement"]
     if not venv_python(peer).exists():
         command = [sys.executable, "-m", "venv", "--system-site-packages", str(target)]
         print(f"setup: {' '.join(command)}", flush=True)
         subprocess.run(command, check=True)
+    link_site_packages(peer)
     command = [str(venv_python(peer)), "-m", "pip", "install", "--quiet", requirement]
     print(f"setup: {' '.join(command)}", flush=True)
     if subprocess.run(command).returncode != 0:
@@ -235,14 +273,15 @@ def peer_version(peer: str) -> tuple[str | None, str]:
         )
     module = PEERS[peer]["module"]
     probe = subprocess.run(
-        [str(python), "-c", f"import {module}; print({module}.__version__)"],
+        [str(python), "-c", f"import torch, {module}; print({module}.__version__)"],
         capture_output=True,
         text=True,
     )
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
         return None, (
-            f"skipping {peer}: its venv {python.parent.parent} cannot import {module} ({last}); "
+            f"skipping {peer}: its venv {python.parent.parent} cannot import torch and {module} "
+            f"({last}); "
             f"recreate it with: {SETUP_COMMAND}"
         )
     return probe.stdout.strip(), ""
@@ -263,15 +302,18 @@ def other_ray_cluster() -> str | None:
 def run_command(run: str, npz: Path, work_dir: Path, tag: str, peer_threads: int) -> list[str]:
     if run.startswith("raysim_"):
         out = work_dir / "runs" / tag
+        backend = run.removeprefix("raysim_").removeprefix("batched_")
         return [
             sys.executable,
             str(HERE / "raysim_worker.py"),
             "--workload",
             str(npz),
             "--backend",
-            run.removeprefix("raysim_"),
+            backend,
             "--out",
             str(out),
+            "--batched",
+            "1" if run.startswith("raysim_batched_") else "0",
         ]
     if run.startswith("plain_"):
         threads = run.removeprefix("plain_").removesuffix("t")
@@ -373,7 +415,17 @@ def summarise(reps: list[dict[str, dict]], warmup: int) -> dict[str, dict[str, A
 
 
 def _order(run: str) -> int:
-    names = ["raysim_ray", "raysim_local", "pfl", "flower", "plain_1t", "plain_2t", "floor"]
+    names = [
+        "raysim_ray",
+        "raysim_local",
+        "raysim_batched_ray",
+        "raysim_batched_local",
+        "pfl",
+        "flower",
+        "plain_1t",
+        "plain_2t",
+        "floor",
+    ]
     return names.index(run) if run in names else len(names)
 
 
@@ -474,8 +526,13 @@ def main(argv=None) -> int:
                 skipped[system] = why
                 continue
             peer_versions[system] = version
-        runs += ["plain_1t", "plain_2t"] if system == "plain" else [system]
-    if "raysim_ray" in runs:
+        if system == "plain":
+            runs += ["plain_1t", "plain_2t"]
+        elif system == "raysim_batched":
+            runs += ["raysim_batched_ray", "raysim_batched_local"]
+        else:
+            runs += [system]
+    if "raysim_ray" in runs or "raysim_batched_ray" in runs:
         raylet = other_ray_cluster()
         if raylet:
             print(
