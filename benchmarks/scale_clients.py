@@ -13,6 +13,16 @@ driver holds only labels, the split and the test set: driver_growth itself is th
 and driver_extra (the issue's "beyond the dataset itself") is smaller still.
 
     python benchmarks/scale_clients.py [--clients 1000 10000 100000 1000000] [--out FILE]
+
+`--per-round 10 100 1000 10000` measures the other axis instead: seconds per round against
+clients per round, sequential vs batched clients (`clients.batched`, docs/BATCHED.md), on the
+local backend in this process (the same synthetic MLP workload, `--samples-per-client`
+samples each, every registered client sampled every round). The two modes alternate within
+each repetition (which goes first rotates) and every size is repeated `--repeats` times, so
+their ratio survives a machine whose load drifts; the table gives medians over repetitions.
+
+    python benchmarks/scale_clients.py --per-round 10 100 1000 10000 [--repeats 3]
+                                       [--rounds 4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -78,6 +88,106 @@ def one_size(num_clients: int, samples_per_client: int, num_cpus: int | None) ->
     }
 
 
+def per_round_config(per_round: int, samples_per_client: int, rounds: int, batched: bool):
+    from raysim import config as config_module
+
+    overrides = [
+        "data.name=synthetic_classification",
+        f"data.num_samples={per_round * samples_per_client}",
+        "data.num_test=500",
+        "data.sample_shape=[16]",
+        "model.name=mlp",
+        "model.hidden=[64]",
+        "partition.name=iid",
+        f"partition.num_clients={per_round}",
+        f"clients.per_round={per_round}",
+        "clients.local_epochs=1",
+        "clients.batch_size=16",
+        f"clients.batched={'true' if batched else 'false'}",
+        f"run.rounds={rounds}",
+        f"run.eval_every={rounds}",
+        f"run.checkpoint_every={rounds}",
+        "runtime.backend=local",
+    ]
+    return config_module.from_dict({}, overrides)
+
+
+def round_seconds(config, warmup: int) -> tuple[float, float]:
+    """(median s/round after `warmup` rounds, final accuracy) of one local run."""
+    from raysim.assembly import run
+
+    with tempfile.TemporaryDirectory() as out:
+        result = run(config, out, progress=False, tensorboard=False)
+        elapsed = [json.loads(line)["elapsed_s"] for line in open(Path(out) / "metrics.jsonl")]
+    seconds = np.diff([0.0, *elapsed])[warmup:]
+    return float(statistics.median(seconds)), float(result.summary["final"]["accuracy"])
+
+
+def per_round_table(args) -> int:
+    import contextlib
+    import io
+
+    rows = []
+    warmup = 1
+    for per_round in args.per_round:
+        times: dict[str, list[float]] = {"sequential": [], "batched": []}
+        accuracy: dict[str, float] = {}
+        for rep in range(args.repeats):
+            modes = ["sequential", "batched"] if rep % 2 == 0 else ["batched", "sequential"]
+            for mode in modes:
+                config = per_round_config(
+                    per_round, args.samples_per_client, args.rounds, mode == "batched"
+                )
+                with contextlib.redirect_stdout(io.StringIO()):  # the run's header line
+                    seconds, accuracy[mode] = round_seconds(config, warmup)
+                times[mode].append(seconds)
+        ratios = [b / s for b, s in zip(times["batched"], times["sequential"], strict=True)]
+        row = {
+            "clients_per_round": per_round,
+            "sequential_round_s": statistics.median(times["sequential"]),
+            "batched_round_s": statistics.median(times["batched"]),
+            "batched_over_sequential": statistics.median(ratios),
+            "per_repetition": times,
+            "accuracy": accuracy,
+        }
+        rows.append(row)
+        print(
+            f"measured {per_round} clients a round: {row['sequential_round_s']:.4f} s "
+            f"sequential, {row['batched_round_s']:.4f} s batched",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(
+        f"\nseconds per round (median of {args.repeats} repetitions, each the median of rounds "
+        f"{warmup + 1}..{args.rounds}), local backend, MLP 16-64-10, "
+        f"{args.samples_per_client} samples a client, 1 epoch, batch 16"
+    )
+    print(
+        f"{'clients/round':>14}{'sequential s':>14}{'batched s':>11}{'batched/seq':>13}"
+        f"{'acc seq':>9}{'acc bat':>9}"
+    )
+    for row in rows:
+        print(
+            f"{row['clients_per_round']:>14}{row['sequential_round_s']:>14.4f}"
+            f"{row['batched_round_s']:>11.4f}{row['batched_over_sequential']:>13.2f}"
+            f"{row['accuracy']['sequential']:>9.4f}{row['accuracy']['batched']:>9.4f}"
+        )
+    out = args.out if args.out != DEFAULT_OUT else "benchmarks/results/scale_clients_per_round.json"
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(
+        json.dumps(
+            {"rounds": args.rounds, "warmup": warmup, "repeats": args.repeats, "rows": rows},
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"\nwrote {out}")
+    return 0
+
+
+DEFAULT_OUT = "benchmarks/results/scale_clients.json"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -85,9 +195,21 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--samples-per-client", type=int, default=4)
     parser.add_argument("--num-cpus", type=int, default=None)
-    parser.add_argument("--out", default="benchmarks/results/scale_clients.json")
+    parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument(
+        "--per-round",
+        type=int,
+        nargs="+",
+        help="clients per round to measure, sequential vs batched (e.g. 10 100 1000 10000)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="with --per-round (3)")
+    parser.add_argument("--rounds", type=int, default=4, help="with --per-round (4, 1 warm-up)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.per_round:
+        if args.rounds < 2 or args.repeats < 1:
+            parser.error("--rounds must be >= 2 and --repeats >= 1")
+        return per_round_table(args)
     if args.child:
         print("RESULT " + json.dumps(one_size(args.child, args.samples_per_client, args.num_cpus)))
         return 0
