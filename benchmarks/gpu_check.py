@@ -16,6 +16,13 @@
   (d) The exact index step at full scale (670,091 x 512 unit rows, top-101 of 4,000 updated
       rows): GPU against CPU seconds (median of --repeats, alternating), and how many
       neighbours the two devices agree on.
+  (e) Batched clients (clients.batched, docs/BATCHED.md): FedAvg / MLP on small synthetic
+      clients (8 samples each, one epoch), 100, 1,000 and 10,000 clients a round on the
+      accelerator (clients.num_gpus 1, local backend), trained one after another and batched:
+      clients per second (the median round of 3, the first dropped) and the final accuracies,
+      which agree to float rounding.
+
+`--parts e` (or any of a b c d e) runs only those parts.
 
 With --small, "accelerator" is the CPU (both columns run there, at a small scale, the Ray
 backend replaced by the local one) so the script and every code path it drives stay tested on
@@ -230,10 +237,65 @@ def exact_index_step(args, accelerator: str) -> dict:
     }
 
 
+def batched_clients(args, accelerator: str, work: Path) -> dict:
+    """(e) clients per second, one at a time vs batched, on the accelerator."""
+    sizes = (10, 50) if args.small else (100, 1_000, 10_000)
+    gpus = 1.0 if accelerator == "cuda" else 0.0
+    rows = []
+    for per_round in sizes:
+        row: dict = {"clients_per_round": per_round}
+        for mode in ("sequential", "batched"):
+            raw = {
+                "run": {"name": "gpu_check_batched", "rounds": 3, "eval_every": 3},
+                "data": {
+                    "name": "synthetic_classification",
+                    "num_samples": 8 * per_round,
+                    "num_test": 500,
+                    "num_classes": 10,
+                    "sample_shape": [32],
+                },
+                "partition": {"name": "iid", "num_clients": per_round},
+                "clients": {
+                    "per_round": per_round,
+                    "local_epochs": 1,
+                    "batch_size": 8,
+                    "num_gpus": gpus,
+                    "batched": mode == "batched",
+                    "batch_chunk": 1024,
+                },
+                "model": {"name": "mlp", "hidden": [64]},
+                "algorithm": {"name": "fedavg"},
+                "runtime": {"backend": "local"},
+            }
+            result = _run(raw, work / f"batched-{per_round}-{mode}")
+            rounds = _rounds(result)["round_s"][1:]  # the first also starts CUDA and caches
+            row[f"{mode}_clients_per_s"] = per_round / statistics.median(rounds)
+            row[f"{mode}_accuracy"] = result.summary["final"]["accuracy"]
+        row["speedup"] = row["batched_clients_per_s"] / row["sequential_clients_per_s"]
+        rows.append(row)
+    return {"clients_num_gpus": gpus, "rows": rows}
+
+
 def table(report: dict) -> str:
     acc = report["accelerator"]
+    lines = []
+    if "batched" in report:
+        lines += [
+            f"(e) batched clients on {acc}: clients per second",
+            "| clients a round | one at a time | batched | ratio | accuracy (one / batched) |",
+            "| --- | --- | --- | --- | --- |",
+            *(
+                f"| {r['clients_per_round']:,} | {r['sequential_clients_per_s']:.0f} | "
+                f"{r['batched_clients_per_s']:.0f} | {r['speedup']:.2f}x | "
+                f"{r['sequential_accuracy']:.4f} / {r['batched_accuracy']:.4f} |"
+                for r in report["batched"]["rows"]
+            ),
+            "",
+        ]
+    if not all(key in report for key in ("fedavg_lenet", "frl_conv8", "fedaws", "index")):
+        return "\n".join(lines)
     a, b, c, d = (report[key] for key in ("fedavg_lenet", "frl_conv8", "fedaws", "index"))
-    lines = [
+    lines += [
         f"| check | cpu | {acc} | ratio |",
         "| --- | --- | --- | --- |",
         f"| (a) FedAvg/LeNet, clients.num_gpus={a['clients_num_gpus']:g}: rounds/s | "
@@ -268,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats of (d)")
     parser.add_argument("--address", default=None, help="Ray cluster for (a) (none: local Ray)")
     parser.add_argument("--json", default=None, help="where to write the JSON report")
+    parser.add_argument(
+        "--parts", nargs="+", default=list("abcde"), choices=list("abcde"), help="parts to run"
+    )
     args = parser.parse_args(argv)
     if args.small:
         accelerator = "cpu"
@@ -290,12 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as work:
         work = Path(work)
-        for key, check in (
-            ("index", lambda: exact_index_step(args, accelerator)),
-            ("frl_conv8", lambda: frl_conv8(args, accelerator, work)),
-            ("fedavg_lenet", lambda: fedavg_lenet(args, accelerator, work)),
-            ("fedaws", lambda: fedaws_full_scale(args, accelerator, work)),
+        for part, key, check in (
+            ("d", "index", lambda: exact_index_step(args, accelerator)),
+            ("b", "frl_conv8", lambda: frl_conv8(args, accelerator, work)),
+            ("a", "fedavg_lenet", lambda: fedavg_lenet(args, accelerator, work)),
+            ("c", "fedaws", lambda: fedaws_full_scale(args, accelerator, work)),
+            ("e", "batched", lambda: batched_clients(args, accelerator, work)),
         ):
+            if part not in args.parts:
+                continue
             started = time.perf_counter()
             report[key] = check()
             print(f"gpu_check: {key} done ({time.perf_counter() - started:.1f} s)", flush=True)
