@@ -28,8 +28,8 @@ MAX_TASK_RESOURCES = 1024.0  # CPUs or GPUs of one task or actor: it runs on one
 # Local epochs of one client in one round: the papers raysim reproduces use 1-20; 1e12 would
 # make round 1 never end (the step count, epochs x batches, is bounded in raysim.core.loop).
 MAX_LOCAL_EPOCHS = 10_000
-# Clients of one vmapped call (clients.batch_chunk): each holds ~24 bytes per model parameter
-# there, so 100,000 clients of a 10k-parameter MLP are already 24 GB.
+# Clients of one vmapped call (clients.batch_chunk): each holds 22-40 bytes per model parameter
+# there (docs/BATCHED.md), so 100,000 clients of a 10k-parameter MLP are already 22-40 GB.
 MAX_BATCH_CHUNK = 100_000
 
 

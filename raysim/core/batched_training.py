@@ -331,14 +331,6 @@ def _sgd_step(params, grads, buffers, active, rates, momentum, weight_decay):
     return new_params, (new_buffers if momentum != 0 else None)
 
 
-def bytes_per_client_parameter(momentum: float, proximal_mu: float) -> int:
-    """Float32 copies of the parameters a chunk holds per client during training: the start
-    vector, the stacked parameters, their gradients, the step's new values, the momentum
-    buffer and the proximal anchors (docs/BATCHED.md measures the total, activations aside)."""
-    copies = 4 + (1 if momentum else 0) + (1 if proximal_mu else 0)
-    return 4 * copies
-
-
 def chunks(count: int, size: int) -> list[range]:
     """Positions of a task's clients in runs of `size` (the last shorter), in client order."""
     return [range(i, min(count, i + size)) for i in range(0, count, max(1, size))]
@@ -411,7 +403,6 @@ __all__ = [
     "ClientBatch",
     "batched_updates",
     "batching_refusal",
-    "bytes_per_client_parameter",
     "chunks",
     "model_problem",
     "padded_rows",
