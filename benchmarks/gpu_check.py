@@ -261,7 +261,8 @@ def batched_clients(args, accelerator: str, work: Path) -> dict:
                     "batch_size": 8,
                     "num_gpus": gpus,
                     "batched": mode == "batched",
-                    "batch_chunk": 1024,
+                    # one chunk up to 1,024 clients: on a GPU a chunk is padded to this many
+                    "batch_chunk": min(per_round, 1024),
                 },
                 "model": {"name": "mlp", "hidden": [64]},
                 "algorithm": {"name": "fedavg"},
