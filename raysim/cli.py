@@ -268,7 +268,9 @@ def _dispatch(args: argparse.Namespace) -> int:
                 )
             compare.report_from_folders(comparison, args.out)
             return 0
-        out = args.out or f"runs/compare-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        from raysim.config.paths import job_out_dir
+
+        out = job_out_dir(args.out or f"runs/compare-{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
         compare.run_comparison(comparison, out, address=args.address)
         return 0
     config = config_module.load(args.config, args.overrides)
@@ -283,8 +285,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
 
     from raysim.assembly import run
+    from raysim.config.paths import job_out_dir
 
-    out = args.out or f"runs/{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = job_out_dir(args.out or f"runs/{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     args.run_dir = out
     result = run(
         config, out, address=args.address, progress=not args.no_progress, overwrite=args.overwrite
@@ -312,7 +315,11 @@ def _tune(args: argparse.Namespace) -> int:
         if args.config is None:
             raise RaysimError("raysim tune needs a CONFIG file (or --resume OUT)")
         config, spec = tune.load_sweep(args.config, args.overrides)
-        out = args.out or f"runs/tune-{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        from raysim.config.paths import job_out_dir
+
+        out = job_out_dir(
+            args.out or f"runs/tune-{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
         tune.save_sweep(out, args.config, args.overrides)
     result = tune.run_sweep(config, spec, out, address=args.address, resume=bool(args.resume))
     if result.interrupted:

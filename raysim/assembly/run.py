@@ -5,6 +5,7 @@ then hand it to THE round loop (raysim.core.loop.run_rounds) and write the summa
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,13 @@ def run(
             # client tasks per Ray node id (the Ray backend; shows multi-node placement)
             task_nodes=server.call(backend.task_nodes, rounds),
         )
+        # an optional backend member: a backend with one place to train (local) has none
+        placement = getattr(backend, "placement", None)
+        if placement is not None:
+            from raysim.runtime.ray_placement import placement_text
+
+            summary["placement"] = server.call(placement, rounds)
+            print(placement_text(summary["placement"]), file=sys.stderr, flush=True)
         summary = outputs.write_summary(summary)  # + the run's environment record
     finally:
         if bar is not None:

@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from raysim.config.paths import keep_out_of_uploads
 from raysim.errors import RaysimError
 
 LOCK_NAME = ".raysim.lock"
@@ -71,6 +72,7 @@ def lock_out_dir(out_dir: str | Path) -> OutDirLock:
         probe, probe_path = tempfile.mkstemp(prefix=".raysim-write-check-", dir=out_dir)
         os.close(probe)
         os.unlink(probe_path)
+        keep_out_of_uploads(out_dir)
     except OSError as error:
         raise RaysimError(
             f"output folder {out_dir} is not writable: {error.strerror or error} "

@@ -147,6 +147,31 @@ class RayBackend(ClientPlacement):
         actor's last restart)."""
         return self._get(self.server.actor.task_nodes.remote())
 
+    def placement(self) -> dict:
+        """Where clients trained (summary.json's `placement`): client tasks on every live
+        node, by address with the head marked (a node with 0 tasks is listed too: idle), and
+        the clients trained in the server actor (`clients.per_task: auto`, ray_placement)."""
+        counts = self.task_nodes()
+        nodes = []
+        for node in ray.nodes():
+            node_id = node.get("NodeID", "")
+            if not node.get("Alive") and node_id not in counts:
+                continue
+            nodes.append(
+                {
+                    "address": f"{node.get('NodeManagerAddress', '?')}:"
+                    f"{node.get('NodeManagerPort', '?')}",
+                    "name": node.get("NodeName"),
+                    # Ray gives its head node this resource, and no other node
+                    "head": "node:__internal_head__" in node.get("Resources", {}),
+                    "node_id": node_id,
+                    "client_tasks": counts.get(node_id, 0),
+                }
+            )
+        nodes.sort(key=lambda n: (not n["head"], n["address"]))
+        in_actor = self._get(self.server.actor.clients_in_actor.remote())
+        return {"nodes": nodes, "clients_in_server_actor": in_actor}
+
     def describe(self) -> str:
         resources = ray.cluster_resources()
         nodes = len(alive_nodes())

@@ -18,6 +18,18 @@ from raysim.core.faults import FaultPlan
 from raysim.core.state import RoundInfo, RoundStats
 
 
+def placement_text(placement: dict) -> str:
+    """summary.json's `placement` as the one line a run ends with."""
+    nodes = ", ".join(
+        f"{n['address']}{' (head)' if n['head'] else ''} {n['client_tasks']}"
+        for n in placement["nodes"]
+    )
+    return (
+        f"raysim: client tasks per node: {nodes or 'none'}; "
+        f"{placement['clients_in_server_actor']} client updates trained in the server actor"
+    )
+
+
 class ClientPlacement:
     """The placement and packing state of a RayBackend (a mixin: `self.ctx` is the run's
     context; `_init_placement` sets the rest)."""
@@ -69,10 +81,39 @@ class ClientPlacement:
         decided = self._placement.get(round_index)
         if decided is None:
             decided = self._placement[round_index] = self._place(round_index)
+            self._say_if_moved(round_index, decided)
             for old in [r for r in self._placement if r < round_index - 2]:
                 del self._placement[old]  # (only the last rounds are ever looked at)
                 self._clients_of.pop(old, None)
         return decided
+
+    def _say_if_moved(self, round_index: int, in_server: bool) -> None:
+        """One line when automatic placement moves clients into the server actor or back
+        with the measured seconds per client and how to keep every round in tasks. Each
+        direction is said once: the slower place's re-timing every REPROBE_EVERY rounds would
+        otherwise add two lines each time."""
+        previous = self._placement.get(round_index - 1, False)
+        said = self.__dict__.setdefault("_moves_said", set())
+        if in_server == previous or in_server in said:
+            return
+        said.add(in_server)
+        tasks, server = self._cost["tasks"], self._cost["server"]
+
+        def ms(value: float | None) -> str:
+            return "not measured" if value is None else f"{value * 1e3:.2f} ms"
+
+        where = (
+            "in the server actor (one after another, no task round trip)"
+            if in_server
+            else "in tasks again"
+        )
+        print(
+            f"raysim: from round {round_index} clients train {where}: clients.per_task: auto, "
+            f"the faster place as measured (per client: tasks {ms(tasks)}, server actor "
+            f"{ms(server)}); --set clients.per_task=N keeps every round in tasks of N clients",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _place(self, round_index: int) -> bool:
         if not self._server_eligible() or round_index < 2:  # round 1 starts the workers

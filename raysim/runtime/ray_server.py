@@ -82,6 +82,7 @@ class ServerActor:
         self._trainer: ThreadPoolExecutor | None = None
         self.metrics = RoundMetrics(ctx.config.run.name)  # Ray dashboard: rounds, updates, bytes
         self.nodes: Counter[str] = Counter()  # client tasks per node id
+        self.clients_here = 0  # client updates trained in this actor (no task)
 
     def _publish_payload(self) -> None:
         payload = self.server.payload()
@@ -210,6 +211,7 @@ class ServerActor:
             stats.server_place_failed = f"{type(error).__name__}: {error}"[:200]
             return stats
         self.server.add(updates)
+        self.clients_here += len(updates)
         stats = self._finish_round(evaluate, compute_s, compute_s, 0)  # 0 tasks: trained here
         if next_round is not None:
             next_info, next_chunks = next_round
@@ -240,6 +242,9 @@ class ServerActor:
 
     def task_nodes(self) -> dict[str, int]:
         return dict(self.nodes)
+
+    def clients_in_actor(self) -> int:
+        return self.clients_here
 
 
 class ServerHandle:
