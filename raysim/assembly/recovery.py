@@ -34,6 +34,8 @@ class ServerKeeper:
         self.restarts = 0  # over the whole run
         self.restarts_in_round = 0  # during the current round
         self.replayed_in_round = 0  # rounds replayed after those restarts
+        # round index -> RoundInfo when the loop's clients are not round_info's (devices:)
+        self.plan: Callable[[int], Any] | None = None
 
     def new_round(self) -> None:
         self.restarts_in_round = self.replayed_in_round = 0
@@ -80,7 +82,9 @@ class ServerKeeper:
             try:
                 self.backend.restart(state)
                 for replay in range(since, rounds_done):
-                    info = round_info(self.config, num_clients, replay)
+                    info = (self.plan or (lambda r: round_info(self.config, num_clients, r)))(
+                        replay
+                    )
                     self.backend.run_round(info, False, None)
             except ServerLost:
                 continue

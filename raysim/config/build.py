@@ -15,8 +15,10 @@ import yaml
 
 from raysim.config.coerce import _coerce
 from raysim.config.cross_checks import check_across_sections
+from raysim.config.devices import DevicesConfig
 from raysim.config.execution import FaultsConfig, IndexConfig, RuntimeConfig
 from raysim.config.experiment import DataConfig, PartitionConfig, RunConfig
+from raysim.config.paths import resolve_config_paths
 from raysim.config.overrides import (
     _apply_override,
     _blame_override,
@@ -44,6 +46,7 @@ _CHECK_ORDER = (
     "attack",
     "index",
     "runtime",
+    "devices",
 )
 
 
@@ -63,6 +66,8 @@ class Config:
     index: IndexConfig = field(default_factory=IndexConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    # simulated devices and clock (docs/SIMULATED_TIME.md); profiles: none leaves a run as is
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict with plug-in options flattened back into their sections."""
@@ -119,6 +124,7 @@ _SECTION_CLASSES = {
         IndexConfig,
         RuntimeConfig,
         FaultsConfig,
+        DevicesConfig,
     )
 }
 
@@ -180,7 +186,8 @@ def from_dict(
         config.check(source, resolve_plugins)
     except ConfigError as error:
         raise _blame_override(error, source, from_overrides) from None
-    return config
+    # once, here: every later reader (driver, workers, saved config.yaml) sees the same path
+    return resolve_config_paths(config)
 
 
 def _build_section(

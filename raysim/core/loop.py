@@ -23,6 +23,7 @@ import numpy as np
 
 from raysim import interrupts
 from raysim.config import Config
+from raysim.core import sim_time
 from raysim.core.faults import CapacityLost
 from raysim.core.run_record import RunTally, add_outcome, idle_reason, round_record
 from raysim.core.state import RoundInfo, ServerState
@@ -82,14 +83,16 @@ def run_rounds(
     kill_after = _test_kill_hook()
     next_info = None
     idle: list[dict[str, Any]] = []  # records of the latest rounds in a row that trained nothing
+    clock = sim_time.start(config, backend, server, history, first_round)
+    plan = clock.info if clock else (lambda r: round_info(config, num_clients, r))
     started = time.perf_counter()
     for round_index in range(first_round, rounds):
         round_started = time.perf_counter()
-        info = next_info or round_info(config, num_clients, round_index)
+        info = next_info or plan(round_index)
         # The next round's clients are known now (sampling depends on seed and round only),
         # so a backend may dispatch them as soon as this round's model exists.
         last = round_index == rounds - 1
-        next_info = None if last else round_info(config, num_clients, round_index + 1)
+        next_info = None if last else plan(round_index + 1)
         evaluate = (
             last
             or (round_index + 1) % config.run.eval_every == 0
@@ -110,6 +113,8 @@ def run_rounds(
             record["server_restarts"] = server.restarts_in_round
             record["replayed_rounds"] = server.replayed_in_round
         add_outcome(record, stats)
+        if clock:
+            clock.add_record(round_index, record)
         tally.add(record, stats)
         for line in stats.rejected:
             print(f"raysim: {line}", file=sys.stderr, flush=True)
@@ -132,4 +137,6 @@ def run_rounds(
         if bar is not None:
             bar.update(tally.latest())
     wall_s = time.perf_counter() - started
+    if clock:
+        tally.sim = clock.summary()
     return server.call(backend.get_state, rounds), tally, wall_s

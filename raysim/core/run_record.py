@@ -91,6 +91,7 @@ class RunTally:
             self.last_val = record.get("val", self.last_val)
             self.train_loss = record.get("train_loss") or float("nan")
         self.done_before = self.totals["clients_done"]
+        self.sim: dict[str, Any] | None = None  # simulated time (devices:), set by the loop
 
     def add(self, record: dict[str, Any], stats: RoundStats) -> None:
         self.round_times.append(record["wall_s"])
@@ -138,6 +139,8 @@ class RunTally:
             "task_retries": totals["task_retries"],
             "server_restarts": server_restarts,
             "median_round_s": (statistics.median(self.round_times) if self.round_times else None),
+            # simulated time, participation, time-to-target (raysim.core.sim_clock)
+            **({"sim": self.sim} if self.sim is not None else {}),
         }
 
 
