@@ -2,10 +2,11 @@
 
     python scripts/two_node_cluster.py [--config configs/fedavg_digits.yaml] [--rounds 5]
 
-What it does, as a user would on two machines:
-  1. `ray start --head --num-cpus 1 ...` (node A), then `ray start --address HEAD --num-cpus 1`
-     (node B), each with its own temp dir and its own ports (two raylets can share one host
-     only if none of their ports collide);
+What it does, as a user would on two machines (README, Running on a cluster):
+  1. with token authentication on (RAY_AUTH_MODE=token for every process, the cluster's own
+     token file named by RAY_AUTH_TOKEN_PATH), `ray start --head --num-cpus 1 ...` (node A),
+     then `ray start --address HEAD --num-cpus 1` (node B), each with its own temp dir and its
+     own ports (two raylets can share one host only if none of their ports collide);
   2. `raysim run CONFIG --address auto` with RAY_ADDRESS pointing at the head (so `auto` finds
      this cluster and never another Ray on the machine), two client tasks a round;
   3. prints how many client tasks ran on each node (summary.json's `task_nodes`);
@@ -59,19 +60,31 @@ class LocalCluster:
     client_port: int = 0  # the head's Ray Client server: ray://127.0.0.1:client_port
     dashboard_port: int = 0  # the head's dashboard (job submission), when started with one
 
+    def auth_env(self) -> dict[str, str]:
+        """Token authentication on, as the README's cluster section sets it on every machine
+        (RAY_AUTH_MODE=token and the cluster's token). The token is this cluster's own file,
+        named by RAY_AUTH_TOKEN_PATH: on one host, ~/.ray/auth_token is every other Ray's too."""
+        env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_path))
+        env.pop("RAY_AUTH_TOKEN", None)  # it would take precedence over the file
+        return env
+
+    @property
+    def token_path(self) -> Path:
+        return self.root / "auth_token"
+
     def env(self) -> dict[str, str]:
         """Environment of a driver that must join this cluster with `--address auto`."""
-        return dict(os.environ, RAY_ADDRESS=self.address, RAY_AUTH_MODE=auth_mode())
+        return dict(self.auth_env(), RAY_ADDRESS=self.address)
 
 
-def auth_mode() -> str:
-    """Ray's token authentication for every process of the cluster, set explicitly: a node
-    started by `ray start --head` enables it when a token exists (~/.ray/auth_token), but a
-    driver or node joining an explicit address does not, and a mismatch refuses to connect."""
-    if os.environ.get("RAY_AUTH_MODE"):
-        return os.environ["RAY_AUTH_MODE"]
-    token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
-    return "token" if token or (Path.home() / ".ray" / "auth_token").exists() else "disabled"
+def write_token(path: Path) -> None:
+    """A new random token, readable by its owner only (what `ray get-auth-token --generate`
+    writes to ~/.ray/auth_token)."""
+    import secrets
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(secrets.token_hex(32))
 
 
 def _node_command(
@@ -139,7 +152,7 @@ def _start_node(cluster: LocalCluster, name: str, head: bool, gcs_port: int) -> 
     if head:
         cluster.client_port = client
     log = open(cluster.root / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-    env = dict(os.environ, RAY_ADDRESS="", RAY_AUTH_MODE=auth_mode())
+    env = dict(cluster.auth_env(), RAY_ADDRESS="")
     # Own session: the node's processes form one process group that teardown can signal.
     process = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -159,7 +172,7 @@ def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: flo
     raise TimeoutError(f"the head's GCS port {port} did not open in {timeout:.0f} s")
 
 
-def alive_nodes(address: str) -> list[dict]:
+def alive_nodes(address: str, env: dict[str, str]) -> list[dict]:
     """The cluster's live nodes (a short-lived driver in a subprocess)."""
     script = (
         f"import json, ray; ray.init(address={address!r}, logging_level='ERROR');"
@@ -171,7 +184,7 @@ def alive_nodes(address: str) -> list[dict]:
         capture_output=True,
         text=True,
         timeout=120,
-        env=dict(os.environ, RAY_ADDRESS="", RAY_AUTH_MODE=auth_mode()),
+        env=dict(env, RAY_ADDRESS=""),
     )
     if result.returncode != 0:
         raise RuntimeError(f"cannot list nodes: {result.stderr[-2000:]}")
@@ -187,6 +200,7 @@ def two_node_cluster(timeout: float = 120, dashboard: bool = False) -> Iterator[
     if dashboard:
         cluster.dashboard_port = free_ports(1)[0]
     try:
+        write_token(cluster.token_path)
         gcs_port = free_ports(1)[0]
         cluster.address = f"127.0.0.1:{gcs_port}"
         _start_node(cluster, "head", head=True, gcs_port=gcs_port)
@@ -339,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     with two_node_cluster() as cluster:
-        nodes = alive_nodes(cluster.address)
+        nodes = alive_nodes(cluster.address, cluster.auth_env())
         print(f"cluster at {cluster.address}: {len(nodes)} nodes, files in {cluster.root}")
         address = f"ray://127.0.0.1:{cluster.client_port}" if args.ray_client else "auto"
         print(f"raysim run --address {address}")

@@ -10,10 +10,12 @@ import importlib.util
 import json
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from raysim import config as config_module
@@ -59,6 +61,10 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
         # raysim did not start gets none of raysim's _system_config)
         plugins = tmp_path / "my_plugins"
         shutil.copytree(REPO_ROOT / "examples" / "plugins", plugins)
+        # ... reading their data from a relative data.root (data/points.npz in their folder):
+        # it must mean that folder on every node, whatever a node's working directory
+        _write_points_plugin(plugins)
+        refusals = _refusals(cluster_script, cluster, plugins, root)
         plugin_summary, plugin_output = cluster_script.run_on_cluster(
             cluster,
             "everything.yaml",
@@ -66,9 +72,14 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
             ROUNDS,
             # tasks every round (automatic packing may train small rounds in the server actor),
             # long enough to overlap so that Ray spreads them over both nodes
-            extra=["--set", "clients.per_task=5", "--set", "clients.local_epochs=200"],
+            extra=[*POINTS, "--set", "clients.per_task=5", "--set", "clients.local_epochs=200"],
             cwd=plugins,
             address=None,
+        )
+        # the relative data.root again with --address auto, the run folder
+        # in the plug-in folder, which the job below uploads (without this run)
+        auto_summary, _ = cluster_script.run_on_cluster(
+            cluster, "everything.yaml", plugins / "runs" / "auto", 2, extra=POINTS, cwd=plugins
         )
         # the same through `ray job submit --working-dir` (the job's own runtime env)
         job_output = cluster_script.submit_job(
@@ -76,7 +87,7 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
             plugins,
             # this interpreter (a cluster node would run plain `python`): the job's driver
             # must match the cluster's Python
-            [sys.executable, "-m", "raysim.cli", "run", "everything.yaml",
+            [sys.executable, "-m", "raysim.cli", "run", "everything.yaml", *POINTS,
              "--out", str(root / "job"),
              "--set", f"run.rounds={ROUNDS}", "--set", "clients.per_task=5",
              "--set", "clients.local_epochs=200"],
@@ -104,13 +115,48 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
     assert summary["final"]["accuracy"] == local.summary["final"]["accuracy"]
     assert summary["final"]["train_loss"] == local.summary["final"]["train_loss"]
 
+    # authentication on: a driver without the cluster's token, or with another one, is refused
+    # in one line naming what is missing, at once (ray.init alone retries for 20 s, then a
+    # 40-line traceback); an address nothing listens on has its own line
+    for case, (code, stderr, seconds) in refusals.items():
+        assert code == 2, (case, stderr)
+        assert "Traceback" not in stderr, (case, stderr)
+        assert seconds < 20, (case, seconds)
+    assert (
+        "requires token authentication and RAY_AUTH_MODE is 'disabled' here: set "
+        "RAY_AUTH_MODE=token" in refusals["mode disabled"][1]
+    )
+    assert (
+        "refused the token in RAY_AUTH_TOKEN (not the cluster's token)"
+        in refusals["wrong token"][1]
+    )
+    assert "cannot reach a Ray cluster at" in refusals["unreachable"][1]
+
+    # where clients trained: every node by address, the head marked
+    placement = plugin_summary["placement"]
+    assert [node["head"] for node in placement["nodes"]] == [True, False], placement
+    assert sum(n["client_tasks"] for n in placement["nodes"]) == sum(
+        plugin_summary["task_nodes"].values()
+    )
+    assert re.search(r"client tasks per node: \S+ \(head\) \d+, \S+ \d+;", plugin_output)
+
+    assert auto_summary["dataset"] == "points"  # the relative data.root, with --address auto
+    assert (plugins / "runs" / "auto" / ".rayignore").is_file()
+    # ... kept out of the job's upload by it (Ray's log of the upload says so)
+    assert str(plugins / "runs" / "auto" / ".rayignore") in job_output
+
     assert "sending plug-in code to the workers" in plugin_output
     assert len(plugin_summary["task_nodes"]) == 2, plugin_summary["task_nodes"]
     monkeypatch.chdir(plugins)  # the plug-ins import from the folder raysim runs in
     plugin_local = run(
         config_module.load(
             plugins / "everything.yaml",
-            [f"run.rounds={ROUNDS}", "clients.per_task=5", "clients.local_epochs=200"],
+            [
+                *POINTS[1::2],
+                f"run.rounds={ROUNDS}",
+                "clients.per_task=5",
+                "clients.local_epochs=200",
+            ],
         ),
         tmp_path / "plugins_local",
         progress=False,
@@ -126,6 +172,69 @@ def test_two_node_cluster_runs_clients_on_both_nodes(
     assert _metric(metrics, "rounds_total") == ROUNDS
     assert _metric(metrics, "client_updates_total") == 10 * ROUNDS
     assert _metric(metrics, "bytes_up_total") == summary["bytes_up"]
+
+
+# The plug-in folder's own dataset, read from a relative data.root
+POINTS = ["--set", "data.name=points:load_points", "--set", "data.root=data"]
+
+POINTS_PLUGIN = '''"""Points read from data.root/points.npz (a test's own dataset plug-in)."""
+
+from pathlib import Path
+
+import numpy as np
+
+import raysim
+from raysim import DataError
+from raysim.data.datasets import Dataset
+
+
+@raysim.plugin("dataset")
+def load_points(root, seed):
+    path = Path(root or ".") / "points.npz"
+    if not path.is_file():
+        raise DataError(f"{path}: no such file (cwd {Path.cwd()})")
+    arrays = np.load(path)
+    return Dataset(
+        name="points",
+        train_x=arrays["train_x"], train_y=arrays["train_y"],
+        test_x=arrays["test_x"], test_y=arrays["test_y"], num_classes=4,
+    )
+'''
+
+
+def _write_points_plugin(folder: Path) -> None:
+    sys.path.insert(0, str(folder))
+    try:
+        from blobs import load_blobs
+    finally:
+        sys.path.remove(str(folder))
+    data = load_blobs(None, 0, num_samples=600, num_classes=4)
+    (folder / "data").mkdir()
+    np.savez(
+        folder / "data" / "points.npz",
+        train_x=data.train_x, train_y=data.train_y, test_x=data.test_x, test_y=data.test_y,
+    )  # fmt: skip
+    (folder / "points.py").write_text(POINTS_PLUGIN)
+
+
+def _refusals(cluster_script, cluster, cwd: Path, root: Path) -> dict:
+    """Exit status, stderr and seconds of a driver refused by the cluster, per case."""
+    nobody = f"127.0.0.1:{cluster_script.free_ports(1)[0]}"
+    cases = {
+        "mode disabled": dict(cluster.env(), RAY_AUTH_MODE="disabled"),
+        "wrong token": dict(cluster.env(), RAY_AUTH_TOKEN="not-the-cluster-token"),
+        "unreachable": dict(cluster.env(), RAY_ADDRESS=nobody),
+    }
+    found = {}
+    for case, env in cases.items():
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "raysim.cli", "run", "everything.yaml", "--no-progress",
+             "--out", str(root / case.replace(" ", "_"))],
+            cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        found[case] = (result.returncode, result.stderr, time.monotonic() - started)
+    return found
 
 
 def _metric(page: str, name: str) -> float | None:
