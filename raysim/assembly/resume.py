@@ -65,7 +65,14 @@ def find_resume_point(
     out_dir = Path(out_dir)
     state = newest_usable_checkpoint(out_dir, template)
     if state is not None:
-        return state, resume_records(out_dir / "metrics.jsonl", state.round)
+        records = resume_records(out_dir / "metrics.jsonl", state.round)
+        print(
+            f"raysim: resuming {out_dir} from its checkpoint of round {state.round}: the next "
+            f"round is {state.round + 1}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return state, records
     if not (out_dir / "config.yaml").is_file():
         raise RaysimError(f"cannot resume {out_dir}: it holds no run (no config.yaml)")
     print(
