@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 import threading
 import time
@@ -410,7 +411,8 @@ def _summary(factory) -> str:
     own = vars(factory).get("__doc__") if inspect.isclass(factory) else factory.__doc__
     text = own or getattr(_sys.modules.get(factory.__module__), "__doc__", None) or ""
     paragraph = " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
-    sentence = paragraph.split(". ")[0].rstrip(".")
+    # the first ". " that ends a sentence: not the one after "et al", "e.g", "i.e", "vs"
+    sentence = re.split(r"(?<!\bal)(?<!e\.g)(?<!i\.e)(?<!\bvs)\. ", paragraph)[0].rstrip(".")
     return sentence if len(sentence) <= 110 else sentence[:107] + "..."
 
 

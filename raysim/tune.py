@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shlex
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -249,7 +250,8 @@ def run_sweep(
         print(
             f"raysim tune: {config.run.name}, {spec.metric} ({spec.mode}), scheduler "
             f"{spec.scheduler}; each trial reserves {bundles}\n"
-            f"TensorBoard (every trial): tensorboard --logdir {out_dir / 'trials'}",
+            "TensorBoard (every trial): tensorboard --logdir "
+            f"{shlex.quote(str(out_dir / 'trials'))}",  # a folder may hold spaces
             flush=True,
         )
         trainable = tune.with_resources(

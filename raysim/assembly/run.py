@@ -5,6 +5,7 @@ then hand it to THE round loop (raysim.core.loop.run_rounds) and write the summa
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -149,7 +150,8 @@ def run(
         flush=True,
     )
     if tensorboard:
-        print(f"TensorBoard: tensorboard --logdir {Path(out_dir) / 'tensorboard'}", flush=True)
+        logdir = shlex.quote(str(Path(out_dir) / "tensorboard"))  # a folder may hold spaces
+        print(f"TensorBoard: tensorboard --logdir {logdir}", flush=True)
     first_round = restored.round if restored is not None else 0
     bar = None
     if progress:  # a bar on a terminal, a line every 10 s in a log (raysim.progress)

@@ -62,7 +62,9 @@ def _build(ctx) -> nn.Module:
     except ValueError as error:
         from raysim.errors import ConfigError
 
-        raise ConfigError(f"model '{model_config.name}': {error}") from None
+        subject = f"model '{model_config.name}'"
+        text = str(error)  # a model's own message may already name it: not twice
+        raise ConfigError(text if text.startswith(subject) else f"{subject}: {text}") from None
 
 
 def _check_size(ctx) -> None:

@@ -26,7 +26,13 @@ INLINE_RESULT_BYTES = 1 << 20
 
 def disconnect() -> None:
     ray.shutdown()
+    _CONNECTED_HERE.clear()
     end_loopback_only()
+
+
+# Set while a Ray that connect() started or joined is up: a later run of this process (compare
+# and tune run many on one Ray) finds Ray initialised, and must not say someone else started it.
+_CONNECTED_HERE: list[bool] = []
 
 
 def end_loopback_only() -> None:
@@ -77,6 +83,7 @@ def connect(
             runtime_env=runtime_env,
             _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
         )
+    _CONNECTED_HERE.append(True)
     url = getattr(context, "dashboard_url", None)
     if url:
         print(f"Ray dashboard: http://{url}", flush=True)
@@ -370,8 +377,9 @@ def ship_plugins_by_value() -> None:
     for name in names:
         cloudpickle.register_pickle_by_value(sys.modules[name])
     if names:
-        print(
-            f"raysim: Ray was started outside raysim; sending plug-in modules by value: "
-            f"{', '.join(names)}",
-            flush=True,
+        why = (
+            "one Ray serves this process's runs"
+            if _CONNECTED_HERE
+            else "Ray was started outside raysim"
         )
+        print(f"raysim: {why}; sending plug-in modules by value: {', '.join(names)}", flush=True)
