@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from raysim.config.paths import keep_out_of_uploads
+from raysim.config.paths import RAYIGNORE, keep_out_of_uploads
 from raysim.errors import RaysimError
 
 LOCK_NAME = ".raysim.lock"
@@ -42,6 +42,9 @@ class OutDirLock:
         self._fd = None
         if self._created_dir:  # a run refused before writing anything leaves no empty folder
             with contextlib.suppress(OSError):
+                # (the upload marker written with the lock is not the run's output)
+                if [entry.name for entry in self.out_dir.iterdir()] == [RAYIGNORE]:
+                    (self.out_dir / RAYIGNORE).unlink()
                 self.out_dir.rmdir()
 
     def __enter__(self) -> OutDirLock:
