@@ -126,7 +126,7 @@ class Workload:
         generator = client_generator(self.ctx.seed, self.round_index, client_id)
         update = self.algorithm.client_update(payload, x, y, client_id, generator, self.ctx)
         codec, layout = wire_format(self.algorithm, self.ctx)
-        return codec.decode(codec.encode(update.message, layout), layout)
+        return codec.decode(codec.encode(update.vector, layout), layout)
 
 
 # --- the floor: plain torch ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from raysim.core import validation
 from raysim.core.codecs import Dense, Ranks, Signs, TopK, VectorLayout, not_a_permutation
 from raysim.core.rankcodec import pack
-from raysim.core.state import ClientUpdate, RoundInfo, ServerState
+from raysim.core.state import RoundInfo, ServerState, WireUpdate
 
 
 def check_message(codec_and_layout, message):
@@ -126,15 +126,15 @@ def test_rank_updates():
 
 def test_num_samples_must_be_a_count():
     for samples in (-1, 2.5, True, None):
-        update = ClientUpdate(client_id=3, num_samples=samples, message=np.zeros(6, np.float32))
+        update = WireUpdate(client_id=3, num_samples=samples, message=np.zeros(6, np.float32))
         assert "num_samples" in validation.check_update(*DENSE_SPEC, update)
-    fine = ClientUpdate(client_id=3, num_samples=np.int64(4), message=np.zeros(6, np.float32))
+    fine = WireUpdate(client_id=3, num_samples=np.int64(4), message=np.zeros(6, np.float32))
     assert validation.check_update(*DENSE_SPEC, fine) is None
 
 
 def test_declared_stats_must_be_finite_numbers():
     for stats, expected in (({"a": float("nan")}, "finite"), ({"a": "x"}, "a str"), ([], "list")):
-        update = ClientUpdate(3, 4, np.zeros(6, np.float32), stats=stats)
+        update = WireUpdate(3, 4, np.zeros(6, np.float32), stats=stats)
         assert expected in validation.check_update(*DENSE_SPEC, update)
 
 
@@ -300,7 +300,7 @@ def _run_with_a_bad_client(digits_config, tmp_path, monkeypatch, algorithm_class
     def client_update(self, payload, x, y, client_id, generator, ctx):
         update = original(self, payload, x, y, client_id, generator, ctx)
         if client_id == bad_client:
-            update = dataclasses.replace(update, message=corrupt(update.message))
+            update = dataclasses.replace(update, vector=corrupt(update.vector))
         return update
 
     monkeypatch.setattr(algorithm_class, "client_update", client_update)
@@ -429,9 +429,9 @@ def _run_with_a_poisoning_client(digits_config, tmp_path, monkeypatch, overrides
     def client_update(self, payload, x, y, client_id, generator, ctx):
         update = original(self, payload, x, y, client_id, generator, ctx)
         if client_id == 0:
-            message = update.message.copy()
-            message[0] = value
-            update = dataclasses.replace(update, message=message)
+            vector = update.vector.copy()
+            vector[0] = value
+            update = dataclasses.replace(update, vector=vector)
         return update
 
     monkeypatch.setattr(FedAvg, "client_update", client_update)

@@ -146,7 +146,7 @@ def test_server_writes_back_rows_and_never_averages_W(tiny_setup):
             __import__("raysim.seeds", fromlist=["x"]).client_generator(3, 0, int(client)),
             ctx,
         )
-        expected[classes[client]] = update.message["row"]
+        expected[classes[client]] = update.vector["row"]
     _round(server, dataset, split, ctx, ids)
     after = server.state.arrays["class_embeddings"]
     for cls, row in expected.items():
@@ -235,7 +235,7 @@ def test_bad_client_updates_are_refused_in_the_task_and_the_round_equals_the_rou
     def poisoned(payload, x, y, client_id, generator, ctx):
         update = original(payload, x, y, client_id, generator, ctx)
         if client_id == 8:
-            update.message["dense"][0] = np.nan
+            update.vector["dense"][0] = np.nan
         return update
 
     server.algorithm.client_update = poisoned

@@ -71,7 +71,7 @@ class _Layout:
 
 
 def _update(client: int, dense: np.ndarray, samples: int) -> ClientUpdate:
-    return ClientUpdate(client_id=client, num_samples=samples, message={"dense": dense})
+    return ClientUpdate(client_id=client, num_samples=samples, vector={"dense": dense})
 
 
 def test_the_reducer_moves_to_int64_past_2_53_and_stays_exact():
@@ -181,22 +181,22 @@ def test_a_client_dense_delta_is_folded_where_it_lies_and_is_refused_once_stale(
             client_generator(ctx.seed, 0, client),
             ctx,
         )
-        dense = update.message["dense"]
+        dense = update.vector["dense"]
         assert isinstance(dense, DenseDelta)
         copied = ClientUpdate(  # read without materialising it
-            client, update.num_samples, {**update.message, "dense": _read_all(dense)}
+            client, update.num_samples, {**update.vector, "dense": _read_all(dense)}
         )
-        assert np.any(copied.message["dense"] != 0)
+        assert np.any(copied.vector["dense"] != 0)
         if client == 30:  # used as an array, it becomes one (the same values)
-            assert np.array_equal(np.negative(dense), -copied.message["dense"])
-            assert np.array_equal(dense * 2, copied.message["dense"] * 2)
+            assert np.array_equal(np.negative(dense), -copied.vector["dense"])
+            assert np.array_equal(dense * 2, copied.vector["dense"] * 2)
             restored = pickle.loads(pickle.dumps(dense))
             assert type(restored) is np.ndarray
-            assert restored.tobytes() == copied.message["dense"].tobytes()
+            assert restored.tobytes() == copied.vector["dense"].tobytes()
             assert dense.nbytes == restored.nbytes and dense[5] == restored[5]
         assert lazy.add(update, sent) is None
         assert eager.add(copied, sent) is None
         updates.append(update)
     with pytest.raises(RuntimeError, match="moved on to another client"):
-        np.asarray(updates[0].message["dense"])
+        np.asarray(updates[0].vector["dense"])
     assert lazy.result()["dense"].tobytes() == eager.result()["dense"].tobytes()

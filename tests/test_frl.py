@@ -337,11 +337,11 @@ def test_client_update_sends_packed_positions_and_an_empty_client_votes_for_r_g(
     global_positions = np.concatenate([positions_of(r) for r in algorithm.rankings(state)])
     codec, layout = wire_format(algorithm, ctx)
     assert np.array_equal(
-        codec.decode(codec.encode(empty.message, layout), layout), global_positions
+        codec.decode(codec.encode(empty.vector, layout), layout), global_positions
     )
     x, y = torch.randn(24, 64), torch.arange(24) % 10
     update = algorithm.client_update(payload, x, y, 3, torch.Generator().manual_seed(1), ctx)
-    message = codec.encode(update.message, layout)
+    message = codec.encode(update.vector, layout)
     assert [m.nbytes for m in message] == [rankcodec.packed_nbytes(n) for n in LAYER_SIZES]
     positions = codec.decode(message, layout)
     for layer_positions in np.split(positions, [LAYER_SIZES[0]]):
@@ -509,7 +509,7 @@ def test_a_clients_update_depends_on_nothing_the_worker_ran_before():
     def update(payload, client_id, rows=slice(None)):
         generator = torch.Generator().manual_seed(client_id)
         result = algorithm.client_update(payload, x[rows], y[rows], client_id, generator, ctx)
-        return result.message
+        return result.vector
 
     first = update(payload, 1)
     update(payload, 2, slice(0, 13))

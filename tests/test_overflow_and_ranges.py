@@ -83,7 +83,7 @@ def test_item1_integer_sums_wrap_silently_fedaws_fixed_point(fedaws_setup):
     assert "\n" not in str(caught.value)
     # The grouped sum of one bag row sent by every client (dense kept tiny so it fits).
     tiny = [
-        ClientUpdate(u.client_id, 1, {**u.message, "dense": u.message["dense"] * 0})
+        ClientUpdate(u.client_id, 1, {**u.vector, "dense": u.vector["dense"] * 0})
         for u in updates
     ]
     with pytest.raises(RaysimError, match=r"'bag_rows' overflows"):
@@ -203,7 +203,7 @@ def test_item2_end_to_end_a_lying_fedaws_client_is_rejected(fedaws_setup):
     class Lying(FedAwS):
         def client_update(self, payload, x, y, client_id, generator, ctx):
             update = super().client_update(payload, x, y, client_id, generator, ctx)
-            update.message["class"] = (update.message["class"] + 1) % 12
+            update.vector["class"] = (update.vector["class"] + 1) % 12
             return update
 
     lying = Lying(k=2, class_lr=0.1, spreadout="none")

@@ -108,7 +108,7 @@ def test_int8_codec_learns_digits_with_a_quarter_of_the_bytes(plugin_dir, tmp_pa
 def test_a_malformed_int8_message_is_refused_by_the_codecs_check(plugin_dir, monkeypatch):
     from raysim import registry
     from raysim.core.codecs import VectorLayout
-    from raysim.core.state import ClientUpdate
+    from raysim.core.state import WireUpdate
     from raysim.core.validation import decode_checked, describe_rejection
 
     monkeypatch.chdir(plugin_dir)
@@ -116,7 +116,7 @@ def test_a_malformed_int8_message_is_refused_by_the_codecs_check(plugin_dir, mon
     layout = VectorLayout(10, np.dtype(np.float32), (6, 4))
     vector = np.linspace(-1, 1, 10).astype(np.float32)
     good = codec.encode(vector, layout)
-    decoded, problem = decode_checked(codec, layout, ClientUpdate(0, 5, good))
+    decoded, problem = decode_checked(codec, layout, WireUpdate(0, 5, good))
     assert problem is None
     np.testing.assert_allclose(decoded, vector, atol=1 / 127)
     malformed = {
@@ -127,7 +127,7 @@ def test_a_malformed_int8_message_is_refused_by_the_codecs_check(plugin_dir, mon
         "a scale missing": {"q": good["q"], "scales": good["scales"][:1]},
     }
     for what, message in malformed.items():
-        decoded, problem = decode_checked(codec, layout, ClientUpdate(7, 5, message))
+        decoded, problem = decode_checked(codec, layout, WireUpdate(7, 5, message))
         assert decoded is None and problem, what
         line = describe_rejection(7, 3, problem)
         assert line.startswith("round 4: rejected the update of client 7: ") and "\n" not in line

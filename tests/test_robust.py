@@ -264,8 +264,7 @@ def _client_update(algorithm, ctx, client_data):
     x, y = client_data
     update = algorithm.client_update(payload, x, y, 3, torch.Generator().manual_seed(7), ctx)
     codec, layout = wire_format(algorithm, ctx)
-    update.message = codec.encode(update.message, layout)
-    return update
+    return update.encoded(codec, layout)
 
 
 def _decode(algorithm, ctx, message):

@@ -25,9 +25,9 @@ class ClippedFedAvg(FedAvg):
 
     def client_update(self, payload, x, y, client_id, generator, ctx):
         update = super().client_update(payload, x, y, client_id, generator, ctx)
-        delta = update.message  # the float32 delta; the run's codec encodes it after this
+        delta = update.vector  # the float32 delta; the run's codec encodes it after this
         norm = float(np.linalg.norm(delta.astype(np.float64)))
         if norm > self.max_norm:
-            update.message = (delta * np.float32(self.max_norm / norm)).astype(np.float32)
+            update.vector = (delta * np.float32(self.max_norm / norm)).astype(np.float32)
         update.metrics["clipped"] = float(norm > self.max_norm)
         return update

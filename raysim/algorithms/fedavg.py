@@ -100,7 +100,7 @@ class DeltaAveraging:
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
-            message=trained - start,
+            vector=trained - start,
             metrics={"loss": loss},
             stats=stats,
         )

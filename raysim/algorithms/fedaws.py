@@ -185,7 +185,7 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
-            message=message,
+            vector=message,
             metrics={"loss": mean_loss},
         )
 

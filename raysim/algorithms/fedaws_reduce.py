@@ -81,7 +81,7 @@ class TaskReducer:
             self.bounds["dense"] + FIXED_LIMIT <= EXACT_FLOAT64
         )
         peaks: dict[str, float] = {}
-        message = update.message if fold_dense else materialised(update.message)
+        message = update.vector if fold_dense else materialised(update.vector)
         problem = message_problem(
             message,
             update.num_samples,

@@ -88,7 +88,7 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
-            message=message,
+            vector=message,
             metrics={"loss": mean_loss},
         )
 

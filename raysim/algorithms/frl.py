@@ -323,7 +323,7 @@ class FRL:
         else:  # nothing to learn from: vote for the current global ranking
             rankings = global_rankings.rankings
         # Positions of every layer, concatenated; the task bit-packs them (codec 'ranks').
-        message = np.concatenate([positions_of(ranking) for ranking in rankings])
+        positions = np.concatenate([positions_of(ranking) for ranking in rankings])
         return ClientUpdate(
-            client_id=client_id, num_samples=len(y), message=message, metrics={"loss": loss}
+            client_id=client_id, num_samples=len(y), vector=positions, metrics={"loss": loss}
         )

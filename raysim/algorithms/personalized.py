@@ -256,7 +256,7 @@ class PerFedAvg(MultiLabelAveraging):
         return ClientUpdate(
             client_id=client_id,
             num_samples=len(y),
-            message=delta,
+            vector=delta,
             metrics={"loss": loss},
             stats=stats,
         )

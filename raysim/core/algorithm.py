@@ -119,7 +119,7 @@ class Algorithm(Protocol):
         ctx: RunContext,
     ) -> ClientUpdate:
         """Local training of one client; pure given its inputs (runs inside a task). Returns
-        the update as a flat vector in `message` (the task encodes it with the run's codec)
+        the update as a flat vector in `vector` (the task encodes it with the run's codec)
         and any statistics the aggregator may weigh in `stats`."""
 
     def server_update(

@@ -15,7 +15,7 @@ import torch
 from raysim.core.algorithm import AlgorithmHooks, RunContext
 from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
-from raysim.core.state import ClientUpdate, ReducedUpdate
+from raysim.core.state import ReducedUpdate, WireUpdate
 from raysim.core.validation import metrics_problem, samples_problem, wire_format
 from raysim.seeds import client_generator
 
@@ -33,7 +33,7 @@ def train_clients(
     personal_payloads: Sequence | None = None,
     attempts: Sequence[int] | None = None,
     hard_exits: bool = False,
-) -> list[ClientUpdate | ReducedUpdate]:
+) -> list[WireUpdate | ReducedUpdate]:
     """Run local training for `client_ids` one after another; updates in the same order.
 
     With `personal_payloads` (one per client, from the algorithm's `client_payload`), each
@@ -65,7 +65,7 @@ def train_clients(
         # Same thread count on every backend: float results can depend on it.
         torch.set_num_threads(ctx.client_threads)
     try:
-        updates: list[ClientUpdate | ReducedUpdate] = []
+        updates: list[WireUpdate | ReducedUpdate] = []
         for position, client_id in enumerate(client_ids):
             client_id = int(client_id)
             rows = indices[offsets[client_id] : offsets[client_id + 1]]
@@ -77,8 +77,7 @@ def train_clients(
             )
             update = algorithm.client_update(client_payload, x, y, client_id, generator, ctx)
             if reducer is None:
-                update.message = codec.encode(update.message, layout)
-                updates.append(update)
+                updates.append(update.encoded(codec, layout))
                 continue
             # The reducer checks each update before folding it in (the server never sees
             # them one by one); a refused update is left out, as if the client dropped out.
@@ -99,7 +98,7 @@ def train_clients(
             reduced.client_ids.append(update.client_id)
             reduced.num_samples.append(update.num_samples)
             reduced.metrics.append(update.metrics)
-            reduced.bytes_up += encoded_nbytes(update.message)
+            reduced.bytes_up += encoded_nbytes(update.vector)
         if reducer is not None and (reduced.client_ids or reduced.rejected):
             reduced.message = reducer.result() if reduced.client_ids else None
             updates.append(reduced)

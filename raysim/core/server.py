@@ -22,12 +22,12 @@ from raysim.core.clients import single_class_of_clients
 from raysim.core.payload import encoded_nbytes
 from raysim.core.round_fold import Collusion, RoundFold
 from raysim.core.state import (
-    ClientUpdate,
     Contribution,
     ReducedUpdate,
     RoundInfo,
     RoundStats,
     ServerState,
+    WireUpdate,
 )
 from raysim.core.validation import (
     decode_checked,
@@ -177,7 +177,7 @@ class Server:
         self._heard_from: set[int] = set()
         self._bound = self._update_bound()
 
-    def add(self, updates: Iterable[ClientUpdate]) -> None:
+    def add(self, updates: Iterable[WireUpdate | ReducedUpdate]) -> None:
         """Fold in updates, in client-id order. Linear aggregators keep O(model) memory."""
         started = time.perf_counter()
         stats, info, fold, collusion = self._stats, self._info, self._fold, self._collusion
@@ -185,6 +185,12 @@ class Server:
             if isinstance(update, ReducedUpdate):
                 self._add_reduced(update)
                 continue
+            if not isinstance(update, WireUpdate):  # a backend's bug, not a client's
+                raise TypeError(
+                    f"Server.add got a {type(update).__name__}, expected a WireUpdate (a "
+                    "ClientUpdate encoded by its task: `update.encoded(codec, layout)`) or a "
+                    "ReducedUpdate"
+                )
             if update.client_id in collusion.pool:  # the attacker's own training, not sent
                 collusion.knowledge.append(self.codec.decode(update.message, self.layout))
                 self._maybe_fold_crafted()
@@ -280,7 +286,7 @@ class Server:
             f"model's (bound {bound:.3g})"
         )
 
-    def _samples_problem(self, update: ClientUpdate) -> str | None:
+    def _samples_problem(self, update: WireUpdate) -> str | None:
         """A client cannot have trained on more samples than it holds."""
         if self.client_sizes is None:
             return None

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only: codecs sit above this module
+    from raysim.core.codecs import Codec
+    from raysim.models.layout import VectorLayout
 
 
 @dataclass
@@ -26,16 +30,44 @@ class ServerState:
 
 @dataclass
 class ClientUpdate:
-    """What one client sends back after local training.
+    """What one client's local training produced (an algorithm's `client_update` returns it).
 
-    An algorithm's `client_update` returns its update as a flat vector in `message` (FedAvg:
-    the float32 delta `local - global`; FRL: rank positions); the client task then encodes it
-    with the run's codec (raysim.core.codecs: dense, packed signs, top-k, packed ranks), so
-    from there on `message` is the update exactly as it crosses the wire. The server counts
-    its bytes, checks it and decodes it into the dense vector the aggregator sees.
-    `num_samples` is the number of training samples (the weight of weighted averaging).
-    `stats` are statistics the client declares beside its update (FLAG: how many labels it
-    holds); aggregators see them in the client's `Contribution`. Numbers only.
+    `vector` is the update as the algorithm computed it: a flat vector (FedAvg: the float32
+    delta `local - global`; FRL: rank positions), which the client task then encodes with the
+    run's codec into a `WireUpdate` (`encoded`); or, for an algorithm that reduces its updates
+    inside the task (`task_reducer`), whatever its reducer reads (FedAwS: its class row and
+    theta's delta), which never leaves the task. `num_samples` is the number of training
+    samples (the weight of weighted averaging). `stats` are statistics the client declares
+    beside its update (FLAG: how many labels it holds); aggregators see them in the client's
+    `Contribution`. Numbers only.
+    """
+
+    client_id: int
+    num_samples: int
+    vector: Any
+    metrics: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def encoded(self, codec: Codec, layout: VectorLayout | None) -> WireUpdate:
+        """This update as it crosses the wire: `vector` encoded by `codec` for `layout`."""
+        return WireUpdate(
+            self.client_id,
+            self.num_samples,
+            codec.encode(self.vector, layout),
+            self.metrics,
+            self.stats,
+        )
+
+
+@dataclass(frozen=True)
+class WireUpdate:
+    """One client's update as the server receives it: `message` is `ClientUpdate.vector`
+    encoded by the run's codec (raysim.core.codecs: dense, packed signs, top-k, packed ranks),
+    exactly what crossed the wire. The server counts its bytes, checks it (a client can send
+    anything, so every field is checked before use) and decodes it into the dense vector the
+    aggregator sees. A separate record from ClientUpdate so that no field changes meaning
+    between the algorithm and the server: the algorithm's vector never travels, and the server
+    never reads an unencoded one.
     """
 
     client_id: int

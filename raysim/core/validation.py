@@ -30,7 +30,7 @@ from raysim.core.codecs import (
     as_codec,
     non_finite,
 )
-from raysim.core.state import ClientUpdate
+from raysim.core.state import WireUpdate
 from raysim.errors import ConfigError
 
 _WIRE_CACHE: dict[tuple, tuple[Codec, VectorLayout]] = {}
@@ -127,7 +127,7 @@ def wire_nbytes(codec: Codec, message: Any) -> int:
     return int(codec.nbytes(message))
 
 
-def check_update(codec: Codec, layout: VectorLayout, update: ClientUpdate) -> str | None:
+def check_update(codec: Codec, layout: VectorLayout, update: WireUpdate) -> str | None:
     """Checks of one client's update before decoding: sample count, stats, the message."""
     problem = (
         samples_problem(update.num_samples)
@@ -138,7 +138,7 @@ def check_update(codec: Codec, layout: VectorLayout, update: ClientUpdate) -> st
 
 
 def decode_checked(
-    codec: Codec, layout: VectorLayout, update: ClientUpdate
+    codec: Codec, layout: VectorLayout, update: WireUpdate
 ) -> tuple[np.ndarray | None, str | None]:
     """(decoded vector, None) for a valid update, else (None, one-line reason)."""
     problem = check_update(codec, layout, update)

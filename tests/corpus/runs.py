@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from raysim import config as config_module
-from raysim.core.state import ClientUpdate, RoundInfo
+from raysim.core.state import RoundInfo, WireUpdate
 
 from . import Case
 
@@ -427,7 +427,7 @@ def _first_round():
     ids = sample_clients(cfg.run.seed, 0, split.num_clients, cfg.clients.per_round)
     size = backend.server.layout.size
     updates = [
-        ClientUpdate(
+        WireUpdate(
             client_id=int(client),
             num_samples=int(split.offsets[client + 1] - split.offsets[client]),
             message=np.zeros(size, dtype=np.float32),
