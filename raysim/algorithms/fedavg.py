@@ -20,6 +20,7 @@ from torch import nn
 
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
+from raysim.core.batched_training import ClientBatch, model_problem, train_batched
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import check_lr_options, fresh_sgd, local_training, scheduled_lr
 from raysim.metrics import evaluate_classifier
@@ -104,6 +105,57 @@ class DeltaAveraging:
             metrics={"loss": loss},
             stats=stats,
         )
+
+    def batching_problem(self, ctx: RunContext) -> str | None:
+        """Why this instance's clients cannot train batched (clients.batched), or None: the
+        batched twin below reproduces `client_update` / `train_locally` as written here, so a
+        subclass that overrides either (or mixed precision) trains one client at a time."""
+        own = [
+            name
+            for name in ("client_update", "train_locally")
+            if getattr(type(self), name) is not getattr(DeltaAveraging, name)
+        ]
+        if own:
+            return f"{type(self).__name__} overrides {' and '.join(own)}"
+        if self.mixed_precision:
+            return "mixed_precision (bfloat16 autocast) is not batched"
+        return model_problem(cached_model(ctx, client_device(ctx)), ctx.input_shape)
+
+    def batched_client_updates(self, payload, batch: ClientBatch, ctx: RunContext) -> list:
+        """`client_update` for a chunk of clients at once (raysim.core.batched_training)."""
+        round_lr = None
+        if isinstance(payload, dict):  # lr_decay < 1: the round rides along (server_payload)
+            round_lr = ctx.config.clients.lr * self.lr_decay ** int(payload["round"][0])
+            payload = payload["params"]
+        device = client_device(ctx)
+        clients = ctx.config.clients
+        starts = [self.client_start(payload, c, ctx) for c in batch.client_ids]
+        trained, losses = train_batched(
+            cached_model(ctx, device),
+            starts,
+            batch,
+            lr=clients.lr if round_lr is None else round_lr,
+            batch_size=clients.batch_size,
+            epochs=clients.local_epochs,
+            momentum=clients.momentum,
+            weight_decay=clients.weight_decay,
+            proximal_mu=self.proximal_mu,
+            lr_schedule=self.lr_schedule,
+            device=device,
+        )
+        updates = []
+        for i, client_id in enumerate(batch.client_ids):
+            self.client_finished(client_id, trained[i], ctx)
+            updates.append(
+                ClientUpdate(
+                    client_id=client_id,
+                    num_samples=len(batch.ys[i]),
+                    vector=trained[i] - starts[i],
+                    metrics={"loss": losses[i]},
+                    stats=self.client_stats(batch.ys[i], ctx),
+                )
+            )
+        return updates
 
     # --- the steps a variant changes -------------------------------------------------------------
     def client_start(self, payload: np.ndarray, client_id: int, ctx: RunContext) -> np.ndarray:

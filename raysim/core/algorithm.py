@@ -167,6 +167,13 @@ REQUIRED_METHODS = ("init_server", "server_payload", "client_update", "server_up
 #     an update whose norm exceeds server.max_update_ratio x max(1, ||state[name]||) is refused.
 # Server state restored from a checkpoint: def state_restored(self, state, ctx) -> None.
 # Per-client state between rounds: `uses_client_state = True` (ctx.client_state).
+# Batched clients (`clients.batched: true`; docs/BATCHED.md):
+#     def batched_client_updates(self, payload, batch, ctx) -> list[ClientUpdate]
+#         one update per client of `batch` (raysim.core.batched_training.ClientBatch), in its
+#         order, each what `client_update` returns for that client up to float rounding and a
+#         function of that client's inputs only (never of the chunk it shares).
+#     def batching_problem(self, ctx) -> str | None   why this instance cannot batch (a
+#         subclass overriding the local training, a model vmap cannot run), or None.
 
 _HOOK_GROUPS = {
     "task_reducer": ("task_reducer", "merge_reduced", "finish_reduced"),
@@ -181,6 +188,8 @@ _CALLABLE_HOOKS = (
     "merge_reduced",
     "finish_reduced",
     "state_restored",
+    "batched_client_updates",
+    "batching_problem",
 )
 
 
@@ -204,6 +213,8 @@ class AlgorithmHooks:
     update_delta_of: str | None = None
     state_restored: Any = None
     uses_client_state: bool = False
+    batched_client_updates: Any = None
+    batching_problem: Any = None
 
     @classmethod
     def of(cls, algorithm: Any) -> AlgorithmHooks:

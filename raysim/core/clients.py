@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from raysim.core.algorithm import AlgorithmHooks, RunContext
+from raysim.core.batched_training import batched_updates
 from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
 from raysim.core.state import ReducedUpdate, WireUpdate
@@ -50,7 +51,8 @@ def train_clients(
         raise ValueError(
             f"{len(personal_payloads)} personal payloads for {len(client_ids)} clients"
         )
-    make_reducer = AlgorithmHooks.of(algorithm).task_reducer
+    hooks = AlgorithmHooks.of(algorithm)
+    make_reducer = hooks.task_reducer
     reducer = make_reducer(ctx) if make_reducer is not None else None
     # Updates leave the task encoded by the run's codec (what crosses the wire).
     codec, layout = wire_format(algorithm, ctx) if reducer is None else (None, None)
@@ -66,16 +68,25 @@ def train_clients(
         torch.set_num_threads(ctx.client_threads)
     try:
         updates: list[WireUpdate | ReducedUpdate] = []
+        # clients.batched: the task's clients trained a chunk at a time (None: one by one).
+        batched = None
+        if ctx.config.clients.batched:
+            batched = batched_updates(
+                ctx, hooks, payload, train_x, train_y, indices, offsets, round_index, client_ids
+            )
         for position, client_id in enumerate(client_ids):
             client_id = int(client_id)
             rows = indices[offsets[client_id] : offsets[client_id + 1]]
-            x = torch.from_numpy(train_x[rows])
-            y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))
-            generator = client_generator(ctx.seed, round_index, client_id)
-            client_payload = (
-                payload if personal_payloads is None else (payload, personal_payloads[position])
-            )
-            update = algorithm.client_update(client_payload, x, y, client_id, generator, ctx)
+            if batched is not None:
+                update = batched[position]
+            else:
+                x = torch.from_numpy(train_x[rows])
+                y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))
+                generator = client_generator(ctx.seed, round_index, client_id)
+                client_payload = (
+                    payload if personal_payloads is None else (payload, personal_payloads[position])
+                )
+                update = algorithm.client_update(client_payload, x, y, client_id, generator, ctx)
             if reducer is None:
                 updates.append(update.encoded(codec, layout))
                 continue

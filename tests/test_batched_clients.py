@@ -1,0 +1,218 @@
+"""The batched client path (`clients.batched: true`, raysim/core/batched_training.py).
+
+- every batched method's client updates agree with its sequential ones within TOLERANCE;
+- ragged clients (0 and 1 samples, an exact batch, a partial last batch, different step
+  counts) each match their own sequential training, and a client's batched result is the same
+  bit for bit whatever chunk it shares (alone, in pairs, all together, padded slots);
+- batched Ray == batched local bit for bit for two packings of clients into tasks;
+- a method that cannot be batched trains sequentially after one notice line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from raysim.assembly import plan_run, run
+from raysim.core.algorithm import AlgorithmHooks
+from raysim.core.batched_training import ClientBatch, batched_updates, train_batched
+from raysim.core.server import build_algorithm
+from raysim.core.training import fresh_sgd, local_training, scheduled_lr
+from raysim.data.datasets import load_dataset
+from raysim.models import devices
+from raysim.models.vector import get_vector, set_vector
+from raysim.seeds import client_generator
+
+# Largest |batched - sequential| entry of one round's client delta (measured: 1.5e-8 to 1.2e-7
+# on these configs; docs/BATCHED.md). Ten times the largest measured.
+TOLERANCE = 1e-6
+
+SMALL = ("partition.num_clients=12", "clients.per_round=4", "clients.local_epochs=2")
+
+
+def _setup(digits_config, *overrides):
+    config = digits_config(*SMALL, *overrides)
+    dataset = load_dataset(config)
+    plan = plan_run(config, dataset)
+    algorithm = build_algorithm(plan.ctx)
+    return dataset, plan.split, plan.ctx, algorithm
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("algorithm.name=fedavg", "clients.weight_decay=0.001"),
+        ("algorithm.name=fedprox", "algorithm.mu=0.1"),
+        ("algorithm.name=fedavg", "algorithm.lr_decay=0.9", "algorithm.lr_schedule=cosine_steps"),
+        ("algorithm.name=signsgd", "aggregator.name=sum"),
+        ("algorithm.name=topk", "aggregator.name=weighted_mean"),
+    ],
+    ids=["fedavg_wd", "fedprox", "lr_schedule", "signsgd", "topk"],
+)
+def test_batched_updates_match_sequential(digits_config, overrides):
+    dataset, split, ctx, algorithm = _setup(digits_config, *overrides)
+    hooks = AlgorithmHooks.of(algorithm)
+    state = algorithm.init_server(ctx)
+    state.round = 3  # lr_decay: a round other than 0
+    payload = algorithm.server_payload(state)
+    ids = [0, 3, 5, 7, 11]
+    batched = batched_updates(
+        ctx, hooks, payload, dataset.train_x, dataset.train_y, split.indices, split.offsets, 3, ids
+    )
+    assert batched is not None
+    for update in batched:
+        c = update.client_id
+        rows = split.indices[split.offsets[c] : split.offsets[c + 1]]
+        x = torch.from_numpy(dataset.train_x[rows])
+        y = torch.from_numpy(dataset.train_y[rows].astype(np.int64))
+        reference = algorithm.client_update(payload, x, y, c, client_generator(ctx.seed, 3, c), ctx)
+        assert update.num_samples == reference.num_samples
+        assert float(np.abs(update.vector - reference.vector).max()) <= TOLERANCE
+        assert update.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=1e-5)
+        assert update.stats == reference.stats
+
+
+def test_batched_run_matches_sequential_run(digits_config, tmp_path):
+    """Two rounds of FedAvg with momentum and FedAdam, then trimmed mean under an attack."""
+    for extra in (
+        ("server.optimizer=adam", "server.lr=0.01"),
+        ("aggregator.name=trimmed_mean", "attack.name=sign_flip", "attack.fraction=0.1"),
+    ):
+        finals = []
+        for batched in ("false", "true"):
+            config = digits_config(*SMALL, "run.rounds=2", f"clients.batched={batched}", *extra)
+            out = tmp_path / f"{extra[0]}-{batched}"
+            finals.append(run(config, out, progress=False, tensorboard=False).state)
+        sequential, batched_state = (s.arrays["params"] for s in finals)
+        assert float(np.abs(sequential - batched_state).max()) <= 10 * TOLERANCE
+
+
+# --- ragged clients, against the sequential loop itself --------------------------------------
+
+SIZES = [1, 5, 16, 17, 40, 0]  # 1 sample, short, an exact batch, a partial last batch, empty
+
+
+def _ragged():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    rng = np.random.default_rng(0)
+    xs = [torch.from_numpy(rng.normal(size=(n, 8)).astype(np.float32)) for n in SIZES]
+    ys = [torch.from_numpy(rng.integers(0, 3, n)) for n in SIZES]
+    return model, get_vector(model), xs, ys
+
+
+HYPER = dict(batch_size=16, epochs=2, momentum=0.9, weight_decay=1e-3, proximal_mu=0.01)
+
+
+def _batched(model, start, xs, ys, ids, slots=None):
+    batch = ClientBatch(
+        tuple(ids),
+        tuple(xs[i] for i in ids),
+        tuple(ys[i] for i in ids),
+        tuple(torch.Generator().manual_seed(100 + i) for i in ids),
+        rows=16,
+        slots=slots,
+    )
+    return train_batched(
+        model, [start] * len(ids), batch, lr=0.05, lr_schedule="cosine_steps", **HYPER
+    )
+
+
+def _sequential(model, start, x, y, seed):
+    set_vector(model, start)
+    n = len(y)
+    if not n:
+        return start.copy(), float("nan")
+    optimizer = fresh_sgd(model, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    per_epoch = -(-n // 16)
+
+    def before_step(step):
+        for group in optimizer.param_groups:
+            group["lr"] = scheduled_lr(
+                "cosine_steps", 0.05, step, steps_per_epoch=per_epoch, epochs=2
+            )
+
+    loss = local_training(
+        n,
+        torch.Generator().manual_seed(seed),
+        batch_size=16,
+        epochs=2,
+        loss_fn=lambda b: nn.functional.cross_entropy(model(x[b]), y[b]),
+        optimizer=optimizer,
+        proximal_mu=0.01,
+        before_step=before_step,
+    )
+    return get_vector(model), loss
+
+
+def test_ragged_clients_each_match_their_sequential_training():
+    model, start, xs, ys = _ragged()
+    trained, losses = _batched(model, start, xs, ys, range(len(SIZES)))
+    for i, n in enumerate(SIZES):
+        vector, loss = _sequential(model, start, xs[i], ys[i], 100 + i)
+        assert float(np.abs(trained[i] - vector).max()) <= TOLERANCE, n
+        if n:
+            assert losses[i] == pytest.approx(loss, rel=1e-5)
+        else:  # an empty client does not move and has no loss
+            assert (trained[i] == start).all() and np.isnan(losses[i])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_clients_result_does_not_depend_on_its_chunk(threads):
+    model, start, xs, ys = _ragged()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together, losses = _batched(model, start, xs, ys, range(len(SIZES)))
+        for ids, slots in (([0], None), ([1, 2], None), ([5, 3, 4], None), ([2], 7)):
+            trained, chunk_losses = _batched(model, start, xs, ys, ids, slots)
+            for k, i in enumerate(ids):
+                assert trained[k].tobytes() == together[i].tobytes(), (ids, i)
+                assert np.isnan(losses[i]) or chunk_losses[k] == losses[i]
+    finally:
+        torch.set_num_threads(previous)
+
+
+# --- fallback ----------------------------------------------------------------------------------
+
+
+def test_unbatchable_method_falls_back_with_one_line(digits_config, tmp_path, capsys):
+    devices._NOTICES.clear()
+    configs = [
+        digits_config(
+            *SMALL, "run.rounds=1", "algorithm.mixed_precision=true", f"clients.batched={b}"
+        )
+        for b in ("false", "true")
+    ]
+    states = [
+        run(c, tmp_path / str(i), progress=False, tensorboard=False).state
+        for i, c in enumerate(configs)
+    ]
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "clients.batched" in line]
+    assert lines == [
+        "raysim: notice: clients.batched: algorithm 'fedavg': mixed_precision (bfloat16 "
+        "autocast) is not batched; training clients one at a time (docs/BATCHED.md)"
+    ]
+    assert states[0].arrays["params"].tobytes() == states[1].arrays["params"].tobytes()
+
+
+# --- Ray == local, any packing ------------------------------------------------------------------
+
+
+@pytest.mark.ray
+def test_batched_ray_equals_batched_local_for_two_packings(ray_session, digits_config, tmp_path):
+    overrides = (*SMALL, "run.rounds=1", "clients.batched=true", "clients.batch_chunk=3")
+    local = run(digits_config(*overrides), tmp_path / "local", progress=False, tensorboard=False)
+    expected = local.state.arrays["params"].tobytes()
+    for per_task in (1, 3):
+        result = run(
+            digits_config(*overrides, f"clients.per_task={per_task}", backend="ray"),
+            tmp_path / f"ray{per_task}",
+            progress=False,
+            tensorboard=False,
+        )
+        assert result.state.arrays["params"].tobytes() == expected, per_task
+        assert result.summary["final"]["train_loss"] == local.summary["final"]["train_loss"]
