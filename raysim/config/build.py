@@ -18,13 +18,13 @@ from raysim.config.cross_checks import check_across_sections
 from raysim.config.devices import DevicesConfig
 from raysim.config.execution import FaultsConfig, IndexConfig, RuntimeConfig
 from raysim.config.experiment import DataConfig, PartitionConfig, RunConfig
-from raysim.config.paths import resolve_config_paths
 from raysim.config.overrides import (
     _apply_override,
     _blame_override,
     _flat_items,
     _override_sources,
 )
+from raysim.config.paths import resolve_config_paths
 from raysim.config.plugin_sections import (
     _PLUGIN_SECTIONS,
     _build_plugin_section,
