@@ -43,7 +43,8 @@ def test_a_relative_out_under_a_job_goes_home(tmp_path, monkeypatch, capsys):
 
 def test_a_run_folder_is_kept_out_of_job_uploads(tmp_path):
     lock = lock_out_dir(tmp_path / "run")
-    lock.release()
+    (tmp_path / "run" / "metrics.jsonl").write_text("")  # a run that wrote (an empty one's
+    lock.release()  # folder is removed with its marker: test_out_dir_lock)
     ignore = tmp_path / "run" / ".rayignore"
     assert ignore.read_text().splitlines()[-1] == "*"
     # Ray's own upload walk skips the folder (and keeps the rest)
