@@ -28,20 +28,23 @@ class Progress:
                 file=self.stream,
             )  # fmt: skip
 
-    def update(self, metrics: Mapping[str, float]) -> None:
-        """One more round done; `metrics`: the latest evaluation and train loss."""
+    def update(self, metrics: Mapping[str, float], trained_in: str = "") -> None:
+        """One more round done; `metrics`: the latest evaluation and train loss; `trained_in`:
+        where the round's clients trained (e.g. "2 tasks on 2 nodes", "the server actor")."""
         self.done += 1
         shown = {k: f"{v:.4f}" for k, v in metrics.items() if isinstance(v, int | float)}
         if self._bar is not None:
             self._bar.update(1)
-            self._bar.set_postfix(shown)
+            self._bar.set_postfix({**shown, "clients in": trained_in} if trained_in else shown)
             return
         now = time.perf_counter()
         if now - self._last_line >= self.every_s or self.done == self.total:
             self._last_line = now
             values = " ".join(f"{k}={v}" for k, v in shown.items())
+            where = f", clients in {trained_in}" if trained_in else ""
             print(
-                f"raysim: round {self.done}/{self.total} {values} ({now - self._started:.1f} s)",
+                f"raysim: round {self.done}/{self.total} {values} "
+                f"({now - self._started:.1f} s{where})",
                 file=self.stream,
                 flush=True,
             )

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from cli_forks import ForkedCli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DIGITS_CONFIG = REPO_ROOT / "configs" / "fedavg_digits.yaml"
@@ -31,23 +31,37 @@ def digits_config() -> Callable[..., object]:
     return load
 
 
+_FORKED_CLI = ForkedCli()  # one fork server for the session (tests/cli_forks.py)
+
+
+def raysim_cli(
+    args: Sequence[str],
+    *,
+    cwd: str | os.PathLike = REPO_ROOT,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
+    """`python -m raysim.cli ARGS` in a child process (forked from one that has imported
+    raysim: tests/cli_forks.py), run in `cwd`; like subprocess.run(capture_output=True,
+    text=True). `env` defaults to this process's environment."""
+    return _FORKED_CLI.run(args, cwd=cwd, env=dict(os.environ if env is None else env),
+                           timeout=timeout)  # fmt: skip
+
+
 def _run_cli(args: Sequence[str], timeout: float = 300) -> subprocess.CompletedProcess:
     # RAY_ADDRESS="": a subprocess must start its own Ray, never join the test session's.
     env = dict(os.environ, RAY_ADDRESS="", PYTHONWARNINGS="ignore")
-    return subprocess.run(
-        [sys.executable, "-m", "raysim.cli", *map(str, args)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return raysim_cli(args, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
 def run_cli() -> Callable[..., subprocess.CompletedProcess]:
     """Run `python -m raysim.cli ARGS...` in a subprocess; returns the CompletedProcess."""
     return _run_cli
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _FORKED_CLI.close()
 
 
 @pytest.fixture(scope="session")

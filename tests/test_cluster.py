@@ -10,13 +10,13 @@ import importlib.util
 import json
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import raysim_cli
 
 from raysim import config as config_module
 from raysim.assembly import run
@@ -228,10 +228,10 @@ def _refusals(cluster_script, cluster, cwd: Path, root: Path) -> dict:
     found = {}
     for case, env in cases.items():
         started = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-m", "raysim.cli", "run", "everything.yaml", "--no-progress",
+        result = raysim_cli(
+            ["run", "everything.yaml", "--no-progress",
              "--out", str(root / case.replace(" ", "_"))],
-            cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+            cwd=cwd, env=env, timeout=120,
         )  # fmt: skip
         found[case] = (result.returncode, result.stderr, time.monotonic() - started)
     return found

@@ -134,6 +134,7 @@ def test_runs_record_what_produced_them_and_log_readable_progress(tmp_path):
     assert code == 0, text[-2000:]
     assert "\r" not in text
     assert "raysim: round 3/3 accuracy=" in text  # the last round always has its line
+    assert "clients in this process)" in text  # where the round's clients trained
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     environment = summary["environment"]
     for key in ("raysim", "python", "torch", "ray", "numpy", "cpus", "gpus", "started_at"):
@@ -187,19 +188,17 @@ def test_an_unreachable_cluster_address_fails_fast_in_one_line(run_cli, tmp_path
     assert f"cannot reach a Ray cluster at '{address}'" in line and "ray start --head" in line
 
 
-def test_a_client_task_larger_than_any_node_is_refused(run_cli, tmp_path):
-    line = _one_line_error(
-        run_cli(
-            [
-                "run",
-                DIGITS,
-                "--out",
-                str(tmp_path),
-                "--set",
-                "runtime.num_cpus=2",
-                "--set",
-                "clients.num_cpus=64",
-            ]
-        )  # fmt: skip
-    )
+@pytest.mark.ray
+def test_a_client_task_larger_than_any_node_is_refused(ray_session, digits_config, tmp_path):
+    """Refused when the backend starts, before any data moves (the CLI prints a RaysimError as
+    its one `raysim: error:` line: test_errors.py). The test session's Ray has 2 CPUs."""
+    from raysim import RaysimError
+    from raysim.assembly import run
+
+    config = digits_config("clients.num_cpus=64", backend="ray")
+    with pytest.raises(RaysimError) as refused:
+        run(config, tmp_path / "run", progress=False, tensorboard=False)
+    line = str(refused.value)
     assert "clients.num_cpus=64 but the largest node of the Ray cluster has 2 CPUs" in line
+    assert "\n" not in line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import raysim_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples" / "plugins"
@@ -44,14 +45,7 @@ def plugin_dir(tmp_path_factory) -> Path:
 
 def _raysim(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """`raysim ARGS` run in `folder`, as a user would from their own directory."""
-    code = "import sys; from raysim.cli import main; sys.exit(main(sys.argv[1:]))"
-    result = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    result = raysim_cli(args, cwd=folder, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -51,7 +51,7 @@ def test_cli_runs_with_one_and_two_cpus_match_local(
                 digits_config_path,
                 "--out",
                 out,
-                "--no-progress",
+                *(["--no-progress"] if num_cpus == 1 else []),  # progress: lines (no terminal)
                 "--set",
                 "runtime.backend=ray",
                 "--set",
@@ -63,6 +63,11 @@ def test_cli_runs_with_one_and_two_cpus_match_local(
         assert result.returncode == 0, result.stderr[-3000:]
         assert re.search(rf"\b{num_cpus} CPUs\b", result.stdout), result.stdout  # Ray got N CPUs
         assert f"done: {ROUNDS} rounds" in result.stdout
+        if num_cpus == 2:  # the last round's progress line says where its clients trained
+            last = rf"raysim: round {ROUNDS}/{ROUNDS} .*clients in "
+            assert re.search(last + r"(\d+ tasks on 1 node|the server actor)\)", result.stderr), (
+                result.stderr[-3000:]
+            )
         state, meta = load_checkpoint(out / "checkpoints" / f"round_{ROUNDS:06d}.npz")
         assert meta["round"] == ROUNDS
         assert state.arrays["params"].tobytes() == local_reference.state.arrays["params"].tobytes()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
+
+from conftest import raysim_cli
 
 from raysim.assembly import run
 from raysim.outputs.checkpoints import load_checkpoint
@@ -33,13 +33,7 @@ def _cli(args, kill_after=None):
     env = dict(os.environ, RAY_ADDRESS="", PYTHONWARNINGS="ignore")
     if kill_after:
         env["RAYSIM_TEST_KILL_AFTER_ROUND"] = str(kill_after)
-    return subprocess.run(
-        [sys.executable, "-m", "raysim.cli", *map(str, args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return raysim_cli(args, env=env, timeout=300)
 
 
 def _uninterrupted(digits_config, tmp_path):

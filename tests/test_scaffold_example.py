@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import raysim_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,10 +22,7 @@ SMALL = ["--set", "partition.num_clients=20", "--set", "clients.per_round=5",
 
 
 def _raysim(folder: Path, *args: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "raysim.cli", "run", *args],
-        cwd=folder, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    result = raysim_cli(["run", *args], cwd=folder, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result.stdout + result.stderr
 

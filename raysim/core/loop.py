@@ -135,7 +135,7 @@ def run_rounds(
         if kill_after == round_index + 1:
             os.kill(os.getpid(), signal.SIGKILL)  # test hook: a driver killed mid-run
         if bar is not None:
-            bar.update(tally.latest())
+            bar.update(tally.latest(), stats.trained_in)
     wall_s = time.perf_counter() - started
     if clock:
         tally.sim = clock.summary()

@@ -176,6 +176,9 @@ class RoundStats:
     clients_s: float = 0.0  # wall time from dispatch until the last update was folded in
     client_compute_s: float = 0.0  # sum over tasks of their training time (CPU-side work)
     tasks: int = 0
+    # Where the round's clients trained, for the progress line (not in metrics.jsonl): e.g.
+    # "2 tasks on 2 nodes", "the server actor", "this process"; set by the backend.
+    trained_in: str = ""
     # Set (to the client's error) when the clients failed inside the Ray server actor and the
     # round was trained again in tasks (raysim.runtime.ray_server); "" otherwise.
     server_place_failed: str = ""

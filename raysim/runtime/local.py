@@ -67,6 +67,7 @@ class LocalBackend:
         stats = self.server.finish_round(evaluate)
         stats.clients_s = stats.client_compute_s = clients_s
         stats.tasks = 1
+        stats.trained_in = "this process"
         return stats
 
     def _run_round_with_faults(self, info: RoundInfo, evaluate: bool, started: float) -> RoundStats:
@@ -105,6 +106,7 @@ class LocalBackend:
         stats.clients_s = stats.client_compute_s = clients_s
         stats.tasks = len(info.trained_ids)
         stats.task_retries = retries
+        stats.trained_in = "this process"
         return stats
 
     def restart(self, state: ServerState | None) -> None:

@@ -64,6 +64,7 @@ class RoundTasks:
         self.max_retries = max_retries
         self.faults = faults
         self.nodes = nodes  # client tasks per node id, counted as they finish
+        self.round_nodes: set[str] = set()  # the nodes this round's tasks finished on
         self.tasks = {
             ref: (chunk, np.zeros(len(chunk), dtype=np.int64))
             for ref, chunk in zip(task_refs, chunks, strict=True)
@@ -138,6 +139,7 @@ class RoundTasks:
             self._failed(client_ids, attempts, culprit)
             return False
         self.nodes[node_id] += 1
+        self.round_nodes.add(node_id)
         self.finished[int(client_ids[0])] = updates
         self.compute_s += task_s
         return True

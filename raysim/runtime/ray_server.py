@@ -158,6 +158,8 @@ class ServerActor:
         stats = self._finish_round(
             evaluate, clients_s, tasks.compute_s, len(task_refs), tasks.retries
         )
+        nodes = len(tasks.round_nodes)
+        stats.trained_in = f"{len(task_refs)} tasks on {nodes} node{'s' if nodes != 1 else ''}"
         if next_round is not None and next_round[1] is not None:
             self._prefetched = self._dispatch(*next_round)
         return stats
@@ -213,6 +215,7 @@ class ServerActor:
         self.server.add(updates)
         self.clients_here += len(updates)
         stats = self._finish_round(evaluate, compute_s, compute_s, 0)  # 0 tasks: trained here
+        stats.trained_in = "the server actor"
         if next_round is not None:
             next_info, next_chunks = next_round
             if next_chunks is not None:
