@@ -4,11 +4,13 @@ train every round and die at the summary with a bare AttributeError)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import raysim
 from raysim import registry
-from raysim.core.backend import REQUIRED, check_backend
+from raysim.core.backend import REQUIRED, REQUIRED_ATTRIBUTES, check_backend
 from raysim.errors import ConfigError
 from raysim.runtime.local import LocalBackend
 
@@ -59,10 +61,20 @@ def test_a_backend_lacking_a_member_the_loop_uses_is_refused_before_it_starts(
 
 def test_the_loops_members_are_all_required():
     """Every Backend method the loop and assembly call is in REQUIRED (task_nodes and
-    server_peak_rss_bytes used to be missing, so a plug-in without them passed the check)."""
+    server_peak_rss_bytes used to be missing, so a plug-in without them passed the check;
+    placement was looked up as an optional member)."""
     assert {"run_round", "restart", "get_state", "set_state", "server_peak_rss_bytes",
-            "describe", "task_nodes", "shutdown"} <= set(REQUIRED)  # fmt: skip
-    check_backend(LocalBackend, "local")  # the built-in passes
+            "describe", "task_nodes", "placement", "shutdown"} <= set(REQUIRED)  # fmt: skip
+    check_backend(LocalBackend, "local")  # the built-ins pass
+    check_backend(registry.backends.get("ray"), "ray")
+    assert LocalBackend.placement(None) is None  # one place to train: nothing to report
+
+
+def test_the_extending_guide_names_every_member_a_backend_must_have():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "EXTENDING.md").read_text()
+    section = doc.split("\n## Backend\n", 1)[1].split("\n## ", 1)[0]
+    for member in (*REQUIRED, *REQUIRED_ATTRIBUTES):
+        assert f"`{member}" in section, member
 
 
 def test_a_started_backend_without_its_split_is_refused_in_one_line(digits_config_path, tmp_path):

@@ -482,10 +482,10 @@ def test_a_server_update_that_turns_the_state_non_finite_is_refused(digits_confi
     original = FedAvg.server_update
 
     def broken_update(self, state, aggregate, ctx):  # e.g. an optimizer slot overflowing
-        result = original(self, state, aggregate, ctx)
+        result, diagnostics = original(self, state, aggregate, ctx)
         params = result.arrays["params"].copy()
         params[3] = np.inf
-        return ServerState(result.round, {**result.arrays, "params": params})
+        return ServerState(result.round, {**result.arrays, "params": params}), diagnostics
 
     FedAvg.server_update = broken_update
     try:
@@ -495,3 +495,73 @@ def test_a_server_update_that_turns_the_state_non_finite_is_refused(digits_confi
     assert state.round == initial.round + 1
     assert np.array_equal(state.arrays["params"], initial.arrays["params"])
     assert "the server update made params non-finite" in stats.rejected[-1]
+
+
+def test_a_server_update_returning_a_bare_state_is_refused_at_the_first_round(
+    digits_config_path, tmp_path
+):
+    """server_update returns (state, diagnostics), always: a plug-in returning the state alone
+    is refused in one line naming it, at the first round it would have ended."""
+    import raysim
+    from raysim import registry
+    from raysim.algorithms.fedavg import FedAvg
+    from raysim.errors import ConfigError
+
+    class BareState(FedAvg):
+        def server_update(self, state, aggregate, ctx):
+            return super().server_update(state, aggregate, ctx)[0]
+
+    registry.algorithms.register("bare_state_test", BareState)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            raysim.run(
+                digits_config_path,
+                out=tmp_path / "out",
+                overrides=[
+                    *SMALL,
+                    "run.rounds=2",
+                    "runtime.backend=local",
+                    "algorithm.name=bare_state_test",
+                ],
+                progress=False,
+                tensorboard=False,
+            )
+    finally:
+        registry.algorithms.unregister("bare_state_test")
+    assert str(caught.value) == (
+        "algorithm 'bare_state_test': server_update must return (state, diagnostics), "
+        "got ServerState"
+    )
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    assert not metrics.exists() or not metrics.read_text().strip()  # no round ended
+
+
+@pytest.mark.parametrize(
+    "returned, got",
+    [
+        (lambda state: (state,), "(ServerState)"),
+        (lambda state: (state, None), "(ServerState, NoneType)"),
+        (lambda state: ({}, state), "(dict, ServerState)"),
+        (lambda state: None, "NoneType"),
+    ],
+)
+def test_any_other_shape_from_server_update_is_refused_in_one_line(
+    digits_config, monkeypatch, returned, got
+):
+    from raysim.algorithms.fedavg import FedAvg
+    from raysim.errors import ConfigError
+
+    backend, info, updates = _round_updates(digits_config)
+    server = backend.server
+    initial = server.get_state().copy()
+    original = FedAvg.server_update
+
+    def misshapen(self, state, aggregate, ctx):
+        return returned(original(self, state, aggregate, ctx)[0])
+
+    monkeypatch.setattr(FedAvg, "server_update", misshapen)
+    with pytest.raises(ConfigError) as caught:
+        _one_round(server, info, updates, initial)
+    assert str(caught.value) == (
+        f"algorithm 'fedavg': server_update must return (state, diagnostics), got {got}"
+    )

@@ -221,6 +221,26 @@ def test_broadcast_counts_only_sent_arrays():
     assert encoded_nbytes(Broadcast(theta, 1, np.zeros((3, 2), dtype=np.float32))) == 64
 
 
+def test_payload_objects_declare_their_byte_count_and_chunked_reads_by_subclassing():
+    """The byte count and the chunked read are protocols (WireSized, ChunkedValues) the wire
+    objects subclass, not method names the core looks for: an object that merely has such a
+    method is not counted."""
+    from raysim.algorithms.fedaws_wire import ClassRow, DenseDelta
+    from raysim.core.fixed_point import ChunkedValues
+    from raysim.core.payload import WireSized, encoded_nbytes
+
+    assert issubclass(Broadcast, WireSized) and issubclass(ClassRow, WireSized)
+    assert issubclass(DenseDelta, WireSized) and issubclass(DenseDelta, ChunkedValues)
+    assert encoded_nbytes({"row": ClassRow(3, np.zeros(5, dtype=np.float32))}) == 20
+
+    class LooksSized:
+        def wire_nbytes(self) -> int:
+            return 1
+
+    with pytest.raises(TypeError, match="cannot count the bytes of a LooksSized payload"):
+        encoded_nbytes(LooksSized())
+
+
 def test_bad_client_updates_are_refused_in_the_task_and_the_round_equals_the_round_without_them(
     tiny_setup,
 ):

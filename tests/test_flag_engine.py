@@ -51,7 +51,8 @@ def test_flag_aggregator_uses_the_declared_label_weights():
     ]
     aggregate = algorithm.default_aggregator.aggregate(contributions)
     state = ServerState(0, {"params": np.zeros(2, dtype=np.float32)})
-    new = algorithm.server_update(state, aggregate, ctx)
+    new, diagnostics = algorithm.server_update(state, aggregate, ctx)
+    assert diagnostics == {}
     weights = label_weights(np.array([4, 1, 2]) / 4, np.array([10, 30, 10]), 0.3)
     expected = sum(w * d for w, d in zip(weights, deltas, strict=True))
     np.testing.assert_allclose(new.arrays["params"], expected, rtol=1e-6)

@@ -316,7 +316,8 @@ def test_vote_on_a_hand_computed_example():
     decoded = [codec.decode(m, layout) for m in messages]
     aggregate = total(decoded)
     assert aggregate.dtype == np.int64 and aggregate.tolist() == expected_sum
-    new_state = algorithm.server_update(state, aggregate, ctx)
+    new_state, diagnostics = algorithm.server_update(state, aggregate, ctx)
+    assert diagnostics == {}
     assert new_state.round == 1 and list(new_state.arrays) == ["ranking.0"]
     assert new_state.arrays["ranking.0"].tolist() == expected_ranking
     payload = algorithm.server_payload(new_state)

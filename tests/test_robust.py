@@ -309,7 +309,8 @@ def test_signsgd_client_sends_ceil_d_over_8_bytes(ctx, client_data):
 def test_signsgd_server_steps_by_lr_times_the_sign_of_the_vote():
     params = np.array([1.0, 1.0, 1.0, 1.0], np.float32)
     state = ServerState(4, {"params": params})
-    new = SignSGD(server_lr=0.25).server_update(state, np.array([3, -1, 0, 10]), None)
+    new, diagnostics = SignSGD(server_lr=0.25).server_update(state, np.array([3, -1, 0, 10]), None)
+    assert diagnostics == {}
     assert new.round == 5
     np.testing.assert_array_equal(new.arrays["params"], [1.25, 0.75, 1.0, 1.25])
 

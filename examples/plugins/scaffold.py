@@ -106,16 +106,14 @@ class Scaffold:
             metrics={"loss": loss},
         )
 
-    def server_update(self, state: ServerState, aggregate: np.ndarray, ctx) -> ServerState:
+    def server_update(self, state: ServerState, aggregate: np.ndarray, ctx):
         size = aggregate.size // 2
         mean_delta, mean_control = aggregate[:size], aggregate[size:]
         share = np.float32(ctx.config.clients.per_round / ctx.config.partition.num_clients)
         params = state.arrays["params"] + np.float32(self.server_lr) * mean_delta
         control = state.arrays["control"] + share * mean_control
-        return ServerState(
-            state.round + 1,
-            {"params": params.astype(np.float32), "control": control.astype(np.float32)},
-        )
+        arrays = {"params": params.astype(np.float32), "control": control.astype(np.float32)}
+        return ServerState(state.round + 1, arrays), {}  # no phases of its own to report
 
     def evaluate(self, state: ServerState, x, y, ctx) -> dict[str, float]:
         model = cached_model(ctx, server_device(ctx))

@@ -229,14 +229,14 @@ class DeltaAveraging:
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
-    ) -> ServerState:
+    ) -> tuple[ServerState, dict[str, float]]:
         optimizer = server_optimizers.from_config(ctx.config)
         slots = server_optimizers.slots_of(state.arrays)
         params, slots = optimizer.step(state.arrays["params"], aggregate, slots)
         arrays = {"params": params, **server_optimizers.slot_arrays(slots)}
         for key, value in state.arrays.items():  # what subclasses keep beside (client models)
             arrays.setdefault(key, value)
-        return ServerState(state.round + 1, arrays)
+        return ServerState(state.round + 1, arrays), {}
 
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext

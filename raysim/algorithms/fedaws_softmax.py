@@ -92,11 +92,13 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
             metrics={"loss": mean_loss},
         )
 
-    def server_update(self, state: ServerState, aggregate: dict, ctx: RunContext) -> ServerState:
+    def server_update(
+        self, state: ServerState, aggregate: dict, ctx: RunContext
+    ) -> tuple[ServerState, dict[str, float]]:
         classes = state.arrays["class_embeddings"]
         total = float(aggregate["weight"]) * FIXED_SCALE
         mean_delta = (aggregate["classes_dense"] / total).astype(np.float32)
         both, slots = self._theta_step(state, aggregate, ctx, extra=(classes, mean_delta))
         params = both[: len(state.arrays["params"])]
         classes = both[len(params) :].reshape(classes.shape)
-        return next_state(state, params, normalize_rows(classes), slots)
+        return next_state(state, params, normalize_rows(classes), slots), {}

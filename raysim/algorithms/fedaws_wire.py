@@ -18,13 +18,14 @@ import numpy as np
 import torch
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from raysim.core.fixed_point import FIXED_LIMIT, FIXED_SCALE, MAX_FIXED_WEIGHT
+from raysim.core.fixed_point import FIXED_LIMIT, FIXED_SCALE, MAX_FIXED_WEIGHT, ChunkedValues
+from raysim.core.payload import WireSized
 from raysim.models.devices import to_numpy
 from raysim.models.layout import ModelLayout
 
 
 @dataclass(frozen=True)
-class Broadcast:
+class Broadcast(WireSized):
     """The round's common payload: theta, plus (softmax oracle) all class rows.
 
     `token` identifies this payload on a worker so the worker loads the 288 MB theta into its
@@ -35,12 +36,12 @@ class Broadcast:
     token: int
     classes: np.ndarray | None = None
 
-    def __wire_nbytes__(self) -> int:
+    def wire_nbytes(self) -> int:
         return int(self.theta.nbytes) + (0 if self.classes is None else int(self.classes.nbytes))
 
 
 @dataclass(frozen=True)
-class ClassRow:
+class ClassRow(WireSized):
     """What the server sends one FedAwS client: the row of the one class it holds. The class
     id is known to both sides (the client holds that class's data), so only the row counts as
     sent; the task's reducer refuses a message that writes any other class's row.
@@ -50,7 +51,7 @@ class ClassRow:
     class_id: int
     row: np.ndarray
 
-    def __wire_nbytes__(self) -> int:
+    def wire_nbytes(self) -> int:
         return int(self.row.nbytes)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -61,7 +62,7 @@ class ClassRow:
         return self.row.shape
 
 
-class DenseDelta(NDArrayOperatorsMixin):
+class DenseDelta(NDArrayOperatorsMixin, ChunkedValues, WireSized):
     """The dense part of a FedAwS/softmax client's message, read where it lies: the worker
     model's dense parameters minus theta's dense part, float32.
 
@@ -152,7 +153,7 @@ class DenseDelta(NDArrayOperatorsMixin):
     def __reduce__(self):
         return (np.array, (self._array(),))
 
-    def __wire_nbytes__(self) -> int:
+    def wire_nbytes(self) -> int:
         return 4 * len(self)
 
 

@@ -243,8 +243,9 @@ class FRL:
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
-    ) -> ServerState:
-        return self._state(state.round + 1, vote(split_layers(aggregate, self.layer_sizes(ctx))))
+    ) -> tuple[ServerState, dict[str, float]]:
+        rankings = vote(split_layers(aggregate, self.layer_sizes(ctx)))
+        return self._state(state.round + 1, rankings), {}
 
     def model_of(self, state: ServerState, ctx: RunContext) -> nn.Module:
         """The global subnetwork: the seed's supernet masked by the voted rankings."""

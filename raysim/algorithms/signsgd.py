@@ -63,9 +63,9 @@ class SignSGD(DeltaAveraging):
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
-    ) -> ServerState:
+    ) -> tuple[ServerState, dict[str, float]]:
         # sign() of any aggregate of the signs: the int64 vote count of `sum`, or a (weighted)
         # mean or median when another aggregator is configured.
         step = self.server_lr * np.sign(aggregate)
         params = (state.arrays["params"] + step).astype(np.float32)
-        return ServerState(state.round + 1, {"params": params})
+        return ServerState(state.round + 1, {"params": params}), {}

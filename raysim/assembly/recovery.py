@@ -9,10 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from raysim.config import Config
 from raysim.core.faults import ServerLost
-from raysim.core.loop import round_info
-from raysim.core.state import ServerState
+from raysim.core.state import RoundInfo, ServerState
 from raysim.errors import RaysimError
 from raysim.outputs.checkpoints import checkpoint_paths, load_checkpoint
 
@@ -24,18 +22,21 @@ class ServerKeeper:
     """Calls on `backend`'s server, restarting it as often as it is lost.
 
     `checkpoint_dir`: where the run's checkpoints are; `restored`: the state the run was
-    resumed from (None: a fresh run, whose initial state is a function of the seed)."""
+    resumed from (None: a fresh run, whose initial state is a function of the seed); `plan`:
+    round index -> RoundInfo, the round loop's own (replayed rounds take the same clients)."""
 
     def __init__(
-        self, config: Config, backend: Any, checkpoint_dir: Path, restored: ServerState | None
+        self,
+        backend: Any,
+        checkpoint_dir: Path,
+        restored: ServerState | None,
+        plan: Callable[[int], RoundInfo],
     ) -> None:
-        self.config, self.backend = config, backend
+        self.backend, self.plan = backend, plan
         self.checkpoint_dir, self.restored = checkpoint_dir, restored
         self.restarts = 0  # over the whole run
         self.restarts_in_round = 0  # during the current round
         self.replayed_in_round = 0  # rounds replayed after those restarts
-        # round index -> RoundInfo when the loop's clients are not round_info's (devices:)
-        self.plan: Callable[[int], Any] | None = None
 
     def new_round(self) -> None:
         self.restarts_in_round = self.replayed_in_round = 0
@@ -67,7 +68,6 @@ class ServerKeeper:
         """The server was lost: restart it from the newest checkpoint and replay the rounds
         after it (not logged again: their records are already in metrics.jsonl), up to
         `rounds_done` rounds. Replayed rounds are computed exactly as the first time."""
-        num_clients = self.backend.split.num_clients
         for _ in range(MAX_SERVER_RESTARTS):
             state = self._newest_checkpoint(rounds_done)
             since = state.round if state is not None else 0
@@ -82,10 +82,7 @@ class ServerKeeper:
             try:
                 self.backend.restart(state)
                 for replay in range(since, rounds_done):
-                    info = (self.plan or (lambda r: round_info(self.config, num_clients, r)))(
-                        replay
-                    )
-                    self.backend.run_round(info, False, None)
+                    self.backend.run_round(self.plan(replay), False, None)
             except ServerLost:
                 continue
             self.replayed_in_round += rounds_done - since

@@ -17,9 +17,10 @@ from raysim.assembly.plan import plan_run
 from raysim.assembly.recovery import ServerKeeper
 from raysim.assembly.resume import check_resume_config, find_resume_point, resume_config
 from raysim.config import Config
+from raysim.core import sim_time
 from raysim.core.backend import check_backend, check_started_backend
 from raysim.core.faults import CapacityLost
-from raysim.core.loop import run_rounds
+from raysim.core.loop import round_info, run_rounds
 from raysim.core.state import ServerState
 from raysim.data.datasets import Dataset
 from raysim.errors import RaysimError
@@ -158,14 +159,20 @@ def run(
         from raysim.progress import Progress
 
         bar = Progress(config.run.rounds, first_round)
-    server = ServerKeeper(config, backend, outputs.checkpoint_dir, restored)
     try:
+        clock = sim_time.start(config, backend, history, first_round)  # None without devices:
+        # Which clients train in each round: the devices' clock when the run has one, else the
+        # seed's sample. The loop and the replays after a lost server follow this one plan.
+        plan = clock.info if clock else functools.partial(round_info, config, split.num_clients)
+        server = ServerKeeper(backend, outputs.checkpoint_dir, restored, plan)
         try:
             state, tally, wall_s = run_rounds(
                 config,
                 backend,
                 outputs,
                 server,
+                plan=plan,
+                clock=clock,
                 first_round=first_round,
                 history=history,
                 on_round=on_round,
@@ -192,13 +199,13 @@ def run(
             # client tasks per Ray node id (the Ray backend; shows multi-node placement)
             task_nodes=server.call(backend.task_nodes, rounds),
         )
-        # an optional backend member: a backend with one place to train (local) has none
-        placement = getattr(backend, "placement", None)
+        # None from a backend with one place to train (local): nothing to report
+        placement = server.call(backend.placement, rounds)
         if placement is not None:
             from raysim.runtime.ray_placement import placement_text
 
-            summary["placement"] = server.call(placement, rounds)
-            print(placement_text(summary["placement"]), file=sys.stderr, flush=True)
+            summary["placement"] = placement
+            print(placement_text(placement), file=sys.stderr, flush=True)
         summary = outputs.write_summary(summary)  # + the run's environment record
     finally:
         if bar is not None:

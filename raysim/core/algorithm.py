@@ -124,10 +124,10 @@ class Algorithm(Protocol):
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext
-    ) -> ServerState | tuple[ServerState, Mapping[str, float]]:
-        """Apply the aggregated update; returns the next round's state, or (state,
-        diagnostics): seconds of server phases it timed itself, e.g. {'index_s': 0.2},
-        reported in the round's time split."""
+    ) -> tuple[ServerState, Mapping[str, float]]:
+        """Apply the aggregated update; returns (state, diagnostics): the next round's state
+        and the seconds of server phases it timed itself, e.g. {'index_s': 0.2}, reported in
+        the round's time split ({} when it times none). Anything else is refused."""
 
     def evaluate(
         self, state: ServerState, x: np.ndarray, y: np.ndarray, ctx: RunContext

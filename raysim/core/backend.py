@@ -22,6 +22,8 @@ and, started:
     get_state() -> ServerState;  set_state(state)
     server_peak_rss_bytes() -> int;  describe() -> str (one line for the run's header)
     task_nodes() -> dict[str, int] | None   client tasks per node id (None: no tasks)
+    placement() -> dict | None   where clients trained, summary.json's `placement` (None: one
+        place to train, nothing to report)
     shutdown()   release everything started, including a Ray the backend started itself
 
 `check_backend` refuses a class that lacks one of these methods before anything starts, and
@@ -68,6 +70,8 @@ class Backend(Protocol):
 
     def task_nodes(self) -> dict[str, int] | None: ...
 
+    def placement(self) -> dict[str, Any] | None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -81,6 +85,7 @@ REQUIRED = (
     "server_peak_rss_bytes",
     "describe",
     "task_nodes",
+    "placement",
     "shutdown",
 )
 # Every attribute a started backend must have.

@@ -19,6 +19,7 @@ This module imports nothing from raysim.algorithms.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 
 import numpy as np
 
@@ -81,19 +82,33 @@ def to_fixed_known_peak(values: np.ndarray, weight: int, peak: float) -> tuple[n
 FOLD_SCRATCH = 1 << 15  # elements scaled and rounded at a time: the scratch stays in cache
 
 
+class ChunkedValues(ABC):
+    """1-D float32 values computed a range at a time, for `add_fixed_in_place` to fold without
+    materialising them (FedAwS's DenseDelta: a client's parameters minus theta, read where
+    they lie)."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def read_chunk(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """The float32 values [start, stop): written into `out` (float32, at least
+        stop - start long) and returned, or a view of values already held."""
+
+
 def add_fixed_in_place(total: np.ndarray, values, weight: int, scratch=None) -> float:
     """total += round(values * weight * 2^32) for a float64 `total` of integers, when every
     acceptable term keeps the sum within EXACT_FLOAT64 (the caller's bound plus FIXED_LIMIT
     is at most EXACT_FLOAT64): each step is then exact, so this is the int64 sum bit for bit.
 
-    `values`: a 1-D float32 array, or an object that computes its float32 values a range at a
-    time (`len()` and `read_chunk(start, stop, out)`, e.g. a client's parameters minus theta,
-    read where they lie). Returns max |values|. The values are checked as they are folded in,
-    a cache-sized chunk at a time (each chunk is read once for the check and the conversion;
-    `scratch`, reused across calls, from `fold_scratch()`): at the first chunk holding a NaN
-    or Inf, or a value too large for exact aggregation, the chunks already added are
-    subtracted again (exact too), `total` is left as it was, and that chunk's peak is
-    returned (NaN, inf or >= FIXED_LIMIT / (weight x 2^32)) for the caller to refuse them."""
+    `values`: a 1-D float32 array, or a ChunkedValues that computes its float32 values a range
+    at a time (e.g. a client's parameters minus theta, read where they lie). Returns max
+    |values|. The values are checked as they are folded in, a cache-sized chunk at a time
+    (each chunk is read once for the check and the conversion; `scratch`, reused across
+    calls, from `fold_scratch()`): at the first chunk holding a NaN or Inf, or a value too
+    large for exact aggregation, the chunks already added are subtracted again (exact too),
+    `total` is left as it was, and that chunk's peak is returned (NaN, inf or
+    >= FIXED_LIMIT / (weight x 2^32)) for the caller to refuse them."""
     scale = float(weight) * FIXED_SCALE
     scratch = scratch if scratch is not None else fold_scratch()
     flat_total = total.reshape(-1)
@@ -120,7 +135,7 @@ def fold_scratch() -> tuple[np.ndarray, np.ndarray]:
 def _chunks(values, scratch, stop: int | None = None):
     """(start, float32 chunk) over values[:stop], FOLD_SCRATCH at a time."""
     stop = len(values) if stop is None else stop
-    read = getattr(values, "read_chunk", None)
+    read = values.read_chunk if isinstance(values, ChunkedValues) else None
     flat = values.reshape(-1) if read is None else None
     for start in range(0, stop, FOLD_SCRATCH):
         end = min(stop, start + FOLD_SCRATCH)

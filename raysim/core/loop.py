@@ -68,6 +68,8 @@ def run_rounds(
     outputs: Any,
     server: Any,
     *,
+    plan: Callable[[int], RoundInfo],
+    clock: sim_time.RunClock | None,
     first_round: int,
     history: list[dict[str, Any]] | None,
     on_round: Callable[[dict[str, Any]], None] | None,
@@ -76,15 +78,15 @@ def run_rounds(
     """Rounds `first_round`..`run.rounds - 1` on the started `backend`, each logged to
     `outputs` (raysim.outputs.RunOutputs) and checkpointed when due; calls on the server go
     through `server.call(fn, rounds_done)` (raysim.assembly.recovery: a lost server is
-    restarted). Returns the final state, the run's tally and the loop's wall time.
+    restarted). `plan(round_index)` names each round's clients (round_info, or the simulated
+    clock's `info` with `devices:`); `clock` (None without `devices:`) writes each round's
+    `sim` record. Returns the final state, the run's tally and the loop's wall time.
     A CapacityLost carries the rounds finished (`rounds_done`) out to the caller."""
-    rounds, num_clients = config.run.rounds, backend.split.num_clients
+    rounds = config.run.rounds
     tally = RunTally(history)
     kill_after = _test_kill_hook()
     next_info = None
     idle: list[dict[str, Any]] = []  # records of the latest rounds in a row that trained nothing
-    clock = sim_time.start(config, backend, server, history, first_round)
-    plan = clock.info if clock else (lambda r: round_info(config, num_clients, r))
     started = time.perf_counter()
     for round_index in range(first_round, rounds):
         round_started = time.perf_counter()

@@ -7,14 +7,26 @@ since a real deployment would frame it differently).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 
+class WireSized(ABC):
+    """A payload object that knows how many bytes it sends (FedAwS's Broadcast, a client's
+    ClassRow, a DenseDelta read where it lies): counted as `wire_nbytes()`, not from its
+    fields, which may hold bookkeeping that is not sent."""
+
+    @abstractmethod
+    def wire_nbytes(self) -> int:
+        """The bytes this object puts on the wire."""
+
+
 def encoded_nbytes(payload: Any) -> int:
-    """Bytes of the arrays in `payload` (ndarray, or dict/list/tuple of them; scalars: 8)."""
+    """Bytes of the arrays in `payload` (ndarray, or dict/list/tuple of them; scalars: 8; a
+    WireSized object: its own count)."""
     if isinstance(payload, np.ndarray):
         return int(payload.nbytes)
     if isinstance(payload, Mapping):
@@ -27,6 +39,6 @@ def encoded_nbytes(payload: Any) -> int:
         return 8
     if payload is None:
         return 0
-    if hasattr(payload, "__wire_nbytes__"):  # a payload object that knows what it sends
-        return int(payload.__wire_nbytes__())
+    if isinstance(payload, WireSized):
+        return int(payload.wire_nbytes())
     raise TypeError(f"cannot count the bytes of a {type(payload).__name__} payload")

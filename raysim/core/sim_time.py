@@ -32,16 +32,18 @@ class RunClock:
 
 
 def start(
-    config: Any, backend: Any, server: Any, history: list[dict[str, Any]] | None, first: int
+    config: Any, backend: Any, history: list[dict[str, Any]] | None, first: int
 ) -> RunClock | None:
     """The run's clock (None without `devices:`), its tally continued over the rounds before a
-    resume (the clock recomputes them: their clients follow from the seed)."""
+    resume (the clock recomputes them: their clients follow from the seed). Its `info` names
+    each round's clients; the assembly hands it to the round loop and to the server keeper
+    (replayed rounds after a lost server take the same clients)."""
     if not config.devices.enabled:
         return None
     clock = RunClock(config, backend)
     records = {record.get("round"): record for record in history or []}
     for round_index in range(first):
-        clock.tally.add(clock.clock.round(round_index), records.get(round_index + 1, {"round": round_index + 1}))
-    if hasattr(server, "plan"):  # replayed rounds after a lost server take the same clients
-        server.plan = clock.info
+        clock.tally.add(
+            clock.clock.round(round_index), records.get(round_index + 1, {"round": round_index + 1})
+        )
     return clock

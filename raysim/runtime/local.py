@@ -134,5 +134,9 @@ class LocalBackend:
         """No client tasks: every client trains in this process."""
         return None
 
+    def placement(self) -> None:
+        """One place to train (this process): no placement to report in the summary."""
+        return None
+
     def shutdown(self) -> None:
         pass

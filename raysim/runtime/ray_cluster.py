@@ -84,7 +84,9 @@ def connect(
             _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
         )
     _CONNECTED_HERE.append(True)
-    url = getattr(context, "dashboard_url", None)
+    # ray.init returns a BaseContext (a RayContext, or a ClientContext for ray://): both
+    # declare dashboard_url, None or empty when no dashboard runs.
+    url = context.dashboard_url
     if url:
         print(f"Ray dashboard: http://{url}", flush=True)
     check_token_file()

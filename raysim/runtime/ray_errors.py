@@ -28,7 +28,10 @@ def _import_error_in(error: BaseException) -> ImportError | None:
         if isinstance(error, ImportError):
             return error
         seen += 1
-        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
+        # A task error wraps the worker's exception as its `cause` (Ray's RayTaskError); any
+        # exception, that one included, may chain another.
+        wrapped = error.cause if isinstance(error, ray.exceptions.RayTaskError) else None
+        error = wrapped or error.__cause__ or error.__context__
     return None
 
 
