@@ -86,25 +86,26 @@ def test_a_short_deadline_on_a_loaded_machine_drops_no_honest_client(
 def test_a_hanging_client_is_dropped_as_late_and_the_honest_clients_of_its_round_are_kept(
     ray_session, tmp_path
 ):
-    """Client 86 sleeps 30 s in round 1 (a straggler fault) with a 1 s deadline and
+    """Client 86 sleeps 120 s in round 1 (a straggler fault) with a 5 s deadline and
     `clients.per_task=5`, which would pack it with 4 honest clients: with a deadline each client
     trains alone, so only 86 is cut; round 2 (whose slot's worker the cancel ended, so it starts
-    a new one) loses nothing."""
+    a new one) loses nothing. (5 s, not 1 s: this is about isolation, and on a machine loaded
+    far beyond its cores a 2 ms client can take over a second to train; see the README.)"""
     config = _config(
         "run.rounds=2",
         "clients.per_task=5",
         "clients.num_cpus=0.5",  # 4 slots on the test's 2 CPUs: the straggler blocks one
         "faults.straggler_rate=0.1",
-        "faults.straggler_delay_s=30",
+        "faults.straggler_delay_s=120",
         "faults.seed=4",  # one straggler in round 1 (client 86), none in round 2
-        "run.round_deadline_s=1.0",
+        "run.round_deadline_s=5",
     )
     assert [_stragglers(config, r) for r in range(2)] == [[86], []]
     records = _records(config, tmp_path)
     assert [(r["clients_done"], r["clients_late"]) for r in records] == [(9, 1), (10, 0)]
     assert [r["clients_dropped"] for r in records] == [1, 0]
     assert [r["tasks"] for r in records] == [10, 10]  # one client per task
-    assert records[0]["wall_s"] < 25  # cut at its deadline, not after its 30 s
+    assert records[0]["wall_s"] < 60  # cut at its deadline, not after its 120 s
 
 
 @pytest.mark.ray
@@ -123,4 +124,6 @@ def test_a_round_with_several_hanging_clients_ends_in_bounded_time(ray_session, 
     assert _stragglers(config, 0) == [2, 9, 18, 65, 78]
     (record,) = _records(config, tmp_path)
     assert (record["clients_done"], record["clients_late"]) == (5, 5)
-    assert record["wall_s"] < 60  # 5 hangs of 1 s (and a worker restart each) on 2 slots
+    # 5 hangs of 1 s and a worker restart each on 2 slots (seconds each on a loaded machine),
+    # far below one hang's 300 s
+    assert record["wall_s"] < 150
