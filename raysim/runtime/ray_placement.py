@@ -51,6 +51,15 @@ class ClientPlacement:
         # server, every round trains in tasks.
         self._server_busy = False
         self._server_place_off = False
+        clients = self.ctx.config.clients
+        if self.ctx.config.run.round_deadline_s is not None and clients.per_task not in (1, "auto"):
+            print(
+                f"raysim: run.round_deadline_s is set, so each client trains in a task of its "
+                f"own (clients.per_task={clients.per_task} is not used): a late task is "
+                f"cancelled with all its clients",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # Where a round's clients train, with `clients.per_task: auto`: in tasks (spread over the
     # client slots) or in the server actor (one after another, no task round trip). Which is
@@ -174,13 +183,13 @@ class ClientPlacement:
         ~0.5 ms: 2 tasks 8.3-8.7 ms a round, 1 task 9.5-9.9 ms). Packing never changes results
         (updates are reduced per client in client-id order), only speed.
         """
+        if self.ctx.config.run.round_deadline_s is not None:
+            # One client per task, whatever clients.per_task says: a late task is cancelled
+            # with all its clients, so a hanging client must not take honest clients with it.
+            return num_clients
         per_task = self.ctx.config.clients.per_task
         if per_task != "auto":
             return math.ceil(num_clients / per_task)
-        if self.ctx.config.run.round_deadline_s is not None:
-            # One client per task: a late task is cancelled with all its clients, so a hanging
-            # client must not take the honest clients packed with it.
-            return num_clients
         if self.seconds_per_client is None:  # first rounds: nothing measured yet
             return min(num_clients, self.parallel_slots)
         worth = int(num_clients * self.seconds_per_client / self.MIN_TASK_SECONDS)

@@ -1,8 +1,9 @@
 """One round's client tasks, seen from the server actor that submitted them: their updates are
 folded in as tasks finish (`ray.wait`), always in client-id order; a failed task's clients are
 retried with per-client attempts (raysim.core.faults), and a client out of retries is dropped
-for the round; at the round's deadline the tasks still running are cancelled and their clients
-dropped as late; a round waiting for tasks checks that some node can still run them."""
+for the round; with a deadline, a task that has trained for longer than the deadline since its
+own start is cancelled and its client dropped as late; a round waiting for tasks checks that
+some node can still run them."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ import ray
 from raysim.core.faults import CapacityWatch, FaultPlan, InjectedClientFailure
 from raysim.core.server import Server
 from raysim.errors import RaysimError
+from raysim.runtime.ray_tasks import LOADING
 
 # How often a round waiting for client tasks checks that a node can still run them.
 CAPACITY_CHECK_S = 5.0
 
-# The most a round's deadline is extended while that round starts client workers.
-WORKER_START_ALLOWANCE_S = 60.0
+# The most a timed client task's worker may take to fetch the run's bundle (its first task
+# there: raysim.runtime.ray_tasks.LOADING) before the task counts as late.
+BUNDLE_LOAD_ALLOWANCE_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +37,12 @@ class Dropped:
     late: bool = False
 
 
-# submit(client_ids, attempts) -> the reference of a new client task for them.
-Submit = Callable[[np.ndarray, np.ndarray], ray.ObjectRef]
+# A client task's result: an ObjectRef, or with a deadline the ObjectRefGenerator of a timed
+# task (raysim.runtime.ray_tasks._timed_client_task: LOADING, STARTED, then the result).
+Task = ray.ObjectRef | ray.ObjectRefGenerator
+
+# submit(client_ids, attempts) -> a new client task for them.
+Submit = Callable[[np.ndarray, np.ndarray], Task]
 
 
 class RoundTasks:
@@ -51,7 +58,7 @@ class RoundTasks:
         server: Server,
         submit: Submit,
         round_index: int,
-        task_refs: list[ray.ObjectRef],
+        task_refs: list[Task],
         chunks: list[np.ndarray],
         *,
         max_retries: int,
@@ -74,82 +81,95 @@ class RoundTasks:
         self.live = set(self.keys)
         self.finished: dict[int, list] = {}
         self.pending = list(task_refs)
+        self.late_at: dict[Task, float] = {}  # a running timed task: when it is late
         self.compute_s = 0.0  # the tasks' own training time, summed
         self.retries = 0  # tasks submitted again after a failure
 
-    def collect(
-        self,
-        capacity: CapacityWatch,
-        deadline_s: float | None,
-        deadline_from: float,
-        starting_workers: bool,
-    ) -> bool:
+    def collect(self, capacity: CapacityWatch, deadline_s: float | None) -> None:
         """Wait for every task, folding updates (and drops) into the server in client-id
-        order. `deadline_s` counts from `deadline_from`, plus WORKER_START_ALLOWANCE_S while
-        the round starts workers (`starting_workers`) until the first update arrives. True if
-        tasks were cancelled at the deadline (their workers ended: the next round starts
-        replacements)."""
-        deadline = None if deadline_s is None else deadline_from + deadline_s
-        starting_workers = starting_workers and deadline is not None
-        if starting_workers:
-            deadline += WORKER_START_ALLOWANCE_S
-        cancelled = False
+        order. With `deadline_s` the tasks are timed ones, and each is late when it has
+        trained for `deadline_s` since its own STARTED marker arrived (BUNDLE_LOAD_ALLOWANCE_S
+        from LOADING while its worker fetches the run's bundle): then it is cancelled and its
+        clients dropped as late. A task still waiting for a CPU slot or its worker is never
+        late; it starts when a slot frees, and a hanging task frees its slot at its own
+        deadline, so the round still ends in bounded time. (Timed from the dispatch or the
+        updates' arrivals, honest clients queued on a loaded machine were cut: 4 of 8 in some
+        rounds of a 1 s deadline with no slow client.)"""
         while self.pending:
             # Woken every CAPACITY_CHECK_S to see that some live node can still run a client
             # task (CapacityWatch): losing the last node with CPUs hung a run forever.
             timeout = CAPACITY_CHECK_S
-            if deadline is not None:
-                timeout = min(timeout, max(0.0, deadline - time.perf_counter()))
+            if self.late_at:
+                timeout = min(timeout, max(0.0, min(self.late_at.values()) - time.perf_counter()))
             done, self.pending = ray.wait(self.pending, num_returns=1, timeout=timeout)
-            if not done and (deadline is None or time.perf_counter() < deadline):
-                capacity.check(ray.nodes(), time.perf_counter())
+            if done:
+                capacity.since = None
+                self._take(done[0], deadline_s)
+            now = time.perf_counter()
+            late = [task for task, at in self.late_at.items() if at <= now]
+            if late:
+                self._cancel_late(late, deadline_s)
+            elif not done:
+                capacity.check(ray.nodes(), now)
                 continue
-            capacity.since = None
-            if not done:  # the round's deadline passed: cancel what runs, drop its clients
-                self._cancel_pending()
-                cancelled = True
-            elif self._take(done[0]) and deadline is not None:
-                # A worker is up (the start allowance ends), and every update gives the
-                # clients still pending deadline_s more: clients queued behind others
-                # for a slot are not late, a hanging one is once nothing else arrives
-                # (a fixed cut lost honest clients queued on a loaded machine).
-                following = time.perf_counter() + deadline_s
-                deadline = (min if starting_workers else max)(deadline, following)
-                starting_workers = False
             self._fold()
-        return cancelled
 
-    def _take(self, ref: ray.ObjectRef) -> bool:
-        """Take a finished task's result; True if it brought updates, False if it failed (its
-        clients are retried or dropped)."""
-        client_ids, attempts = self.tasks.pop(ref)
+    def _take(self, task: Task, deadline_s: float | None = None) -> None:
+        """Take what a task sent: a timed task's marker (it stays pending, now timed), or its
+        result; a failed task's clients are retried or dropped."""
+        client_ids, attempts = self.tasks[task]
         try:
-            updates, task_s, node_id = ray.get(ref)
+            if isinstance(task, ray.ObjectRefGenerator):
+                value = ray.get(next(task))
+                if isinstance(value, str):  # LOADING or STARTED, timed from its arrival
+                    allowed = BUNDLE_LOAD_ALLOWANCE_S if value == LOADING else deadline_s
+                    self.late_at[task] = time.perf_counter() + allowed
+                    self.pending.append(task)
+                    return
+            else:
+                value = ray.get(task)
+            updates, task_s, node_id = value
         except ray.exceptions.RayTaskError as error:
+            self._forget(task)
             if isinstance(error.cause, RaysimError):  # bad input found in the task
                 raise error.cause from None  # (e.g. a sum leaving int64): one line
             if not isinstance(error.cause, InjectedClientFailure):
                 raise  # an error in the client code itself: a bug, not a fault
             self._failed(client_ids, attempts, error.cause.client_id)
-            return False
-        except ray.exceptions.RayError:  # the worker died (or its node, or an object)
+            return
+        except (ray.exceptions.RayError, StopIteration):  # the worker died (or its node, or
+            self._forget(task)  # an object); StopIteration: a stream ended with no result
             culprit = None
             if self.faults is not None:
                 culprit = self.faults.crash_culprit(self.round_index, client_ids, attempts)
             self._failed(client_ids, attempts, culprit)
-            return False
+            return
+        self._forget(task)
         self.nodes[node_id] += 1
         self.round_nodes.add(node_id)
         self.finished[int(client_ids[0])] = updates
         self.compute_s += task_s
-        return True
 
-    def _cancel_pending(self) -> None:
-        for ref in self.pending:
-            ray.cancel(ref, force=True)  # ends the worker (see ServerActor.__init__)
-            client_ids, _ = self.tasks.pop(ref)
+    def _forget(self, task: Task) -> None:
+        del self.tasks[task]
+        self.late_at.pop(task, None)
+
+    def _cancel_late(self, late: list[Task], deadline_s: float | None) -> None:
+        """Cancel the late tasks, dropping their clients as late; what they sent meanwhile
+        (their result, just in time) is taken first."""
+        ready, _ = ray.wait(late, num_returns=len(late), timeout=0)
+        for task in ready:
+            self.pending.remove(task)
+            self._take(task, deadline_s)  # a result, a failure, or (unlikely) a marker
+        now = time.perf_counter()
+        for task in late:
+            if task not in self.late_at or self.late_at[task] > now:
+                continue  # it sent its result or failed (or is timed anew)
+            ray.cancel(task, force=True)  # ends the worker (see ServerActor.__init__)
+            self.pending.remove(task)
+            client_ids, _ = self.tasks[task]
+            self._forget(task)
             self._finish(int(client_ids[0]), [Dropped(int(c), late=True) for c in client_ids])
-        self.pending = []
 
     def _fold(self) -> None:
         while self.keys and self.keys[0] in self.finished:  # fold in client-id order

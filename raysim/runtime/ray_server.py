@@ -25,8 +25,8 @@ from raysim.models.devices import task_num_gpus
 from raysim.process_memory import peak_rss_bytes
 from raysim.runtime.ray_errors import one_line_error
 from raysim.runtime.ray_metrics import RoundMetrics
-from raysim.runtime.ray_round import WORKER_START_ALLOWANCE_S, RoundTasks
-from raysim.runtime.ray_tasks import _client_task, _warm_task, train_with_bundle
+from raysim.runtime.ray_round import RoundTasks
+from raysim.runtime.ray_tasks import _client_task, _timed_client_task, train_with_bundle
 
 # Payloads up to Ray's default inline size (100 KiB) go inside the task spec by value, which is
 # cheaper than a put (~1 ms here); larger ones are put in the object store once per round.
@@ -52,29 +52,23 @@ class ServerActor:
         clients = ctx.config.clients
         cluster_gpus = ray.cluster_resources().get("GPU", 0.0)
         num_gpus = task_num_gpus(clients.num_gpus, cluster_gpus, notice=False)  # driver tells
+        self.deadline_s = ctx.config.run.round_deadline_s
         # Ray's own retries are off: a failed task comes back to run_round, which retries its
         # clients with per-client attempts (raysim.core.faults) so results stay deterministic.
-        self.task = _client_task.options(
+        # With a deadline the tasks are timed ones (a streaming generator that reports when its
+        # training starts: each task's lateness counts from there, raysim.runtime.ray_round); a
+        # late one is cancelled with force, which ends its worker (a plain cancel raises
+        # KeyboardInterrupt anywhere in the task, even inside a module's first import, and
+        # leaves a broken worker for later tasks).
+        task = _client_task if self.deadline_s is None else _timed_client_task
+        self.task = task.options(
             num_cpus=clients.num_cpus, num_gpus=num_gpus, max_retries=0, retry_exceptions=False
         )
-        self.task_cpus, self.task_gpus = clients.num_cpus, num_gpus
         self.capacity = CapacityWatch(clients.num_cpus, num_gpus)
         self.faults = FaultPlan.from_config(ctx.config)
         self.max_retries = clients.max_retries
         # Tasks for a round whose clients failed inside this actor (_run_round_here).
         self.fallback_tasks = int(ray.cluster_resources().get("CPU", 1.0) // clients.num_cpus)
-        self.deadline_s = ctx.config.run.round_deadline_s
-        # Starting a client worker (Python, torch, the run's data; 1-3 s here, more under load)
-        # is not lateness. A round that starts workers (the first one this actor runs, and any
-        # after a round that cancelled tasks) counts its deadline from the first update's
-        # arrival (or, if none arrives, WORKER_START_ALLOWANCE_S later). A late task is
-        # cancelled with force, which ends its worker (a plain cancel raises KeyboardInterrupt
-        # anywhere in the task, even inside a module's first import, and leaves a broken worker
-        # for later tasks), so the next round starts replacements. Timed from the dispatch, a
-        # 1 s deadline on 20 ms rounds trained nothing: 0 of 64 updates in 8 rounds; adding a
-        # start time measured once was not enough either (round 1 may find warm workers and
-        # measure 0.05 s, while replacements under load took seconds: 0 updates in a round).
-        self.workers_starting = True
         self._publish_payload()
         self._prefetched: tuple[int, float, list, list] | None = None
         # A small next round's training, started on a thread (see _run_round_here).
@@ -100,21 +94,8 @@ class ServerActor:
         )
 
     def _dispatch(self, info: RoundInfo, chunks: list[np.ndarray]) -> tuple:
-        if self.deadline_s is not None and self.workers_starting:
-            self._warm_workers()
         refs = [self._submit(info.round_index, chunk) for chunk in chunks]
         return info.round_index, time.perf_counter(), refs, chunks
-
-    def _warm_workers(self) -> None:
-        """Start the client workers (Python, torch, the run's data) before a round with a
-        deadline is dispatched, on every slot: a task that waits for its worker to start is
-        not late. Counting from the first update alone was not enough: one slot's worker up,
-        the other's still starting, and its honest clients were cut (4 of 8 in some rounds
-        of a 1 s deadline with no slow client)."""
-        warm = _warm_task.options(num_cpus=self.task_cpus, num_gpus=self.task_gpus, max_retries=0)
-        refs = [warm.remote(self.run_ref) for _ in range(max(1, self.fallback_tasks))]
-        # (one not done by then is left to finish: cancelling it would end its worker)
-        ray.wait(refs, num_returns=len(refs), timeout=WORKER_START_ALLOWANCE_S)
 
     def run_round(
         self,
@@ -126,7 +107,6 @@ class ServerActor:
         """One round; with `next_round`, that round's tasks are dispatched as soon as this
         round's payload exists, so they train while the driver logs and calls back (clients
         of round t+1 depend only on the payload after round t, which is final here)."""
-        call_started = time.perf_counter()
         if chunks is None or (
             self._prefetched_here is not None and self._prefetched_here[0] == info.round_index
         ):
@@ -147,12 +127,7 @@ class ServerActor:
             faults=self.faults,
             nodes=self.nodes,
         )
-        starting_workers, self.workers_starting = self.workers_starting, False
-        # The deadline counts from this call at the earliest: tasks dispatched ahead (with the
-        # round before) waited meanwhile for the driver, not for their clients.
-        deadline_from = max(started, call_started)
-        if tasks.collect(self.capacity, self.deadline_s, deadline_from, starting_workers):
-            self.workers_starting = True  # tasks were cancelled: the next round starts workers
+        tasks.collect(self.capacity, self.deadline_s)
         # Wall time until the last update was folded in (folding overlaps with training).
         clients_s = time.perf_counter() - started
         stats = self._finish_round(

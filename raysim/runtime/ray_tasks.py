@@ -1,6 +1,7 @@
 """What the Ray workers of a run execute: the task that loads the dataset into the object
-store, the client tasks that train a task's clients (and the warm-up task that starts their
-workers), with the run's bundle (context, algorithm, training data) cached once per worker.
+store, the client tasks that train a task's clients (and, for a round with a deadline, the
+timed variant that reports when its training starts), with the run's bundle (context,
+algorithm, training data) cached once per worker.
 
 The remote functions keep their names: they are the task names Ray shows (dashboard, errors).
 Retries, deadlines and fault handling around the client tasks are the server actor's
@@ -9,7 +10,6 @@ Retries, deadlines and fault handling around the client tasks are the server act
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import numpy as np
@@ -67,6 +67,14 @@ def put_run_bundle(
 _RUN_BUNDLE_CACHE: dict[str, tuple] = {}
 
 
+def bundle_cached(run_ref: ray.ObjectRef) -> bool:
+    """Whether this worker holds the run's bundle. (A remote function's body must not read
+    _RUN_BUNDLE_CACHE itself: Ray pickles the function by value, with a copy of the module
+    globals it names, so it would see an empty dict forever; the module's functions it calls
+    are pickled by reference and share the worker's one cache.)"""
+    return run_ref.hex() in _RUN_BUNDLE_CACHE
+
+
 def run_bundle(run_ref: ray.ObjectRef) -> tuple:
     """(ctx, algorithm, train_x, train_y, indices, offsets) of the run, from this worker's
     cache."""
@@ -95,13 +103,31 @@ def _client_task(
     return updates, seconds, ray.get_runtime_context().get_node_id()
 
 
-@ray.remote
-def _warm_task(run_ref: list) -> int:
-    # Starts a client worker and caches the run's bundle in it (ServerActor._warm_workers);
-    # the short sleep keeps it busy so that the other warm tasks start workers of their own.
-    run_bundle(run_ref[0])
-    time.sleep(0.2)
-    return os.getpid()
+# The markers a timed client task (a round with a deadline) yields before its result.
+LOADING = "raysim:loading"  # this worker fetches the run's bundle first (its first task)
+STARTED = "raysim:started"  # the bundle is here: the clients' training begins now
+
+
+@ray.remote(num_returns="streaming")
+def _timed_client_task(
+    run_ref: list, payload, round_index: int, client_ids: np.ndarray, personal=None, attempts=None
+):
+    # _client_task for a round with a deadline (run.round_deadline_s), as a streaming
+    # generator: it yields STARTED when its clients' training begins, then _client_task's
+    # result. The server times each task's lateness from its own STARTED (ray_round), so a
+    # task that waited for a CPU slot, for its worker process to start (Python, imports, the
+    # task's arguments: all before this body runs) or for the run's bundle (the dataset's
+    # features, the context and algorithm, fetched once per worker) is not late. A worker's
+    # first task yields LOADING before fetching the bundle, which bounds a fetch that hangs
+    # (ray_round.BUNDLE_LOAD_ALLOWANCE_S). One small object more than a plain task returns.
+    if not bundle_cached(run_ref[0]):
+        yield LOADING
+        run_bundle(run_ref[0])
+    yield STARTED
+    updates, seconds = train_with_bundle(
+        run_ref[0], payload, round_index, client_ids, personal, attempts, hard_exits=True
+    )
+    yield updates, seconds, ray.get_runtime_context().get_node_id()
 
 
 def train_with_bundle(
