@@ -66,7 +66,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray (2 CPUs) shared by every integration test; shut down at the end."""
+    """One local Ray (2 CPUs) shared by the integration tests of this process (each pytest-xdist
+    worker has its own); shut down at the end."""
     ray = pytest.importorskip("ray")
     started = False
     if not ray.is_initialized():
