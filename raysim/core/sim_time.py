@@ -38,7 +38,12 @@ def start(
     resume (the clock recomputes them: their clients follow from the seed)."""
     if not config.devices.enabled:
         return None
-    clock = RunClock(config, backend)
+    if config.devices.asynchronous:  # FedBuff / FedAsync (raysim.core.async_time)
+        from raysim.core.async_time import AsyncRunClock
+
+        clock = AsyncRunClock(config, backend)
+    else:
+        clock = RunClock(config, backend)
     records = {record.get("round"): record for record in history or []}
     for round_index in range(first):
         clock.tally.add(clock.clock.round(round_index), records.get(round_index + 1, {"round": round_index + 1}))
