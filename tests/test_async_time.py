@@ -19,6 +19,7 @@ from raysim.core.async_time import AsyncAggregation, staleness_weight
 from raysim.core.state import ServerState
 from raysim.data.datasets import load_dataset
 from raysim.errors import ConfigError, RaysimError
+from raysim.outputs.tensorboard import sim_time_step
 
 BASE = {
     "run": {"name": "async", "seed": 5, "rounds": 4, "checkpoint_every": 2},
@@ -46,8 +47,8 @@ def _config(*overrides: str):
     return from_dict(BASE, list(overrides))
 
 
-def _run(config, out):
-    return run(config, out, progress=False, tensorboard=False)
+def _run(config, out, tensorboard=False):
+    return run(config, out, progress=False, tensorboard=tensorboard)
 
 
 def _records(out):
@@ -65,7 +66,7 @@ def _same(a, b) -> None:
 @pytest.fixture(scope="module")
 def local_async_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("local")
-    return _run(_config(), out), out
+    return _run(_config(), out, tensorboard=True), out
 
 
 def test_an_async_run_is_the_same_twice_and_records_time_and_staleness(local_async_run, tmp_path):
@@ -85,6 +86,19 @@ def test_an_async_run_is_the_same_twice_and_records_time_and_staleness(local_asy
     assert sum(sim["staleness"]["counts"]) == len(staleness) == 12
     assert sum(sim["participation"]["per_client"]) == 12
     assert sim["time_to_target_s"] in ends
+    # TensorBoard: the metrics against simulated time (step: its milliseconds), and the
+    # staleness distribution of every step as a histogram
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard" / "sim_time"), size_guidance={"scalars": 0})
+    events.Reload()
+    series = {e.step: e.value for e in events.Scalars("sim_time/eval/accuracy")}
+    assert series == pytest.approx({sim_time_step(r["sim"]["end_s"]): r["eval"]["accuracy"]
+                                    for r in records if "eval" in r})
+    assert sorted(series) == [round(e * 1000) for e in ends if e]
+    by_round = EventAccumulator(str(out / "tensorboard"), size_guidance={"histograms": 0})
+    by_round.Reload()
+    assert "sim/staleness" in by_round.Tags()["histograms"]
     # the server keeps past models only while a client trains on them (the version window)
     assert all(not k.startswith("async.") or int(k[7:].split(".")[0]) < 4 for k in first.state.arrays)
 
@@ -198,3 +212,23 @@ def test_async_keys_are_checked():
         _config("devices.profiles=none")
     with pytest.raises(ConfigError, match="devices.aggregation"):
         _config("devices.aggregation=async")
+
+
+def test_compare_ranks_methods_by_simulated_time_to_target():
+    from raysim.compare_report import time_to_target, time_to_target_ranking
+
+    def summaries(*times):
+        return [{"sim": {"target": 0.9, "target_metric": "accuracy", "time_to_target_s": t}}
+                for t in times]
+
+    entries = {
+        "fedavg": {"time_to_target": time_to_target(summaries(30.0, 50.0))},
+        "fedbuff": {"time_to_target": time_to_target(summaries(10.0, 20.0))},
+        "fedasync": {"time_to_target": time_to_target(summaries(5.0, None))},
+    }
+    assert entries["fedbuff"]["time_to_target"]["mean"] == 15.0
+    assert entries["fedasync"]["time_to_target"]["reached"] == 1
+    rows = [line for line in time_to_target_ranking(entries) if line.startswith("| ")][2:]
+    # reached on both seeds first (faster mean first), then the one that missed a seed
+    assert [row.split(" | ")[1] for row in rows] == ["fedbuff", "fedavg", "fedasync"]
+    assert time_to_target([{"final": {}}]) is None  # no simulated target: no ranking
