@@ -191,6 +191,8 @@ def test_an_offline_client_is_never_trained(tmp_path):
         (["algorithm.name=local_only", "data.name=synthetic_multilabel", "partition.name=iid"],
          "algorithm 'local_only' keeps per-client state"),
         (["devices.max_staleness=0"], "devices.max_staleness=0: in round"),
+        (["algorithm.name=signsgd", "aggregator.name=sum", "devices.aggregation=fedasync"],
+         "algorithm 'signsgd' sends signs"),
     ],
 )
 def test_what_cannot_run_asynchronously_is_refused_in_one_line(tmp_path, overrides, says):

@@ -134,6 +134,10 @@ def async_problem(algorithm: Any, config: Any) -> str | None:
         return (f"algorithm '{name}' sends updates that are not deltas of a server array "
                 "(no update_delta_of; FRL's are a vote of rank positions), so a stale one "
                 "cannot be weighed or mixed")
+    codec = config.codec.name if config.codec.name != "auto" else hooks.default_codec
+    if config.devices.aggregation == "fedasync" and codec == "signs":
+        return (f"algorithm '{name}' sends signs (codec 'signs'), a vote, not a model delta "
+                "that FedAsync could mix; use devices.aggregation: fedbuff")
     if config.attack.name != "none":
         return (f"attack '{config.attack.name}' colludes within a synchronous round; set "
                 "attack.name: none")
