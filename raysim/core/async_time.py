@@ -119,28 +119,42 @@ def async_problem(algorithm: Any, config: Any) -> str | None:
     hooks = AlgorithmHooks.of(algorithm)
     name = config.algorithm.name
     if hooks.reduces_in_task:
-        return (f"algorithm '{name}' reduces its clients' updates inside the tasks, so the server "
-                "never holds one update to weigh by its staleness")
+        return (
+            f"algorithm '{name}' reduces its clients' updates inside the tasks, so the server "
+            "never holds one update to weigh by its staleness"
+        )
     if hooks.client_payload is not None:
-        return (f"algorithm '{name}' sends each client a personal payload, which the version "
-                "window does not keep")
+        return (
+            f"algorithm '{name}' sends each client a personal payload, which the version "
+            "window does not keep"
+        )
     if hooks.uses_client_state:
-        return (f"algorithm '{name}' keeps per-client state between rounds (personalised); "
-                "trainings that overlap in time would write it out of order")
+        return (
+            f"algorithm '{name}' keeps per-client state between rounds (personalised); "
+            "trainings that overlap in time would write it out of order"
+        )
     if hooks.observe_contributions is not None:
-        return (f"algorithm '{name}' keeps each client's local model beside the aggregate "
-                "(observe_contributions): its server step is not a function of the aggregate")
+        return (
+            f"algorithm '{name}' keeps each client's local model beside the aggregate "
+            "(observe_contributions): its server step is not a function of the aggregate"
+        )
     if hooks.update_delta_of is None:
-        return (f"algorithm '{name}' sends updates that are not deltas of a server array "
-                "(no update_delta_of; FRL's are a vote of rank positions), so a stale one "
-                "cannot be weighed or mixed")
+        return (
+            f"algorithm '{name}' sends updates that are not deltas of a server array "
+            "(no update_delta_of; FRL's are a vote of rank positions), so a stale one "
+            "cannot be weighed or mixed"
+        )
     codec = config.codec.name if config.codec.name != "auto" else hooks.default_codec
     if config.devices.aggregation == "fedasync" and codec == "signs":
-        return (f"algorithm '{name}' sends signs (codec 'signs'), a vote, not a model delta "
-                "that FedAsync could mix; use devices.aggregation: fedbuff")
+        return (
+            f"algorithm '{name}' sends signs (codec 'signs'), a vote, not a model delta "
+            "that FedAsync could mix; use devices.aggregation: fedbuff"
+        )
     if config.attack.name != "none":
-        return (f"attack '{config.attack.name}' colludes within a synchronous round; set "
-                "attack.name: none")
+        return (
+            f"attack '{config.attack.name}' colludes within a synchronous round; set "
+            "attack.name: none"
+        )
     if config.clients.batched:
         return "clients.batched trains a task's clients on one payload; set clients.batched: false"
     return None
@@ -175,8 +189,7 @@ class AsyncSchedule:
         self.buffer, self.concurrency = k, c
         self.steps = self._simulate(clock, config.run.rounds, k, c)
         self._index = [
-            {int(cl): int(v) for cl, v in zip(s.kept, s.versions, strict=True)}
-            for s in self.steps
+            {int(cl): int(v) for cl, v in zip(s.kept, s.versions, strict=True)} for s in self.steps
         ]
         self._check_bound(config.run.rounds)
         # version v stays in the window (for states v+1 .. keep_until[v]) while a client that
@@ -241,9 +254,11 @@ class AsyncSchedule:
         t, waits = 0.0, 0
         fill(t)
         while len(steps) < horizon:
-            if len(steps) >= rounds and not any(
-                entry[3] < rounds for entry in heap
-            ) and not any(v < rounds for _, v, _ in buffer):
+            if (
+                len(steps) >= rounds
+                and not any(entry[3] < rounds for entry in heap)
+                and not any(v < rounds for _, v, _ in buffer)
+            ):
                 break
             if not heap:  # nothing training: wait for an idle client to come online
                 waits += 1
@@ -389,7 +404,7 @@ class AsyncAggregation:
         versions: dict[int, dict[str, np.ndarray]] = {}
         for key, value in state.arrays.items():
             if key.startswith(WINDOW_PREFIX):
-                version, name = key[len(WINDOW_PREFIX):].split(".", 1)
+                version, name = key[len(WINDOW_PREFIX) :].split(".", 1)
                 versions.setdefault(int(version), {})[name] = value
         return versions
 
