@@ -116,7 +116,8 @@ def test_fedasync_is_the_same_twice(tmp_path):
 
 def test_ray_matches_local_for_two_packings(ray_session, local_async_run, tmp_path):
     local, _ = local_async_run
-    for per_task in (1, 2):
+    # auto: tasks first, then (as measured) the server actor's own process and its thread
+    for per_task in (2, "auto"):
         ray = _run(
             _config("runtime.backend=ray", f"clients.per_task={per_task}"), tmp_path / str(per_task)
         )
@@ -256,3 +257,17 @@ def test_compare_ranks_methods_by_simulated_time_to_target():
     # reached on both seeds first (faster mean first), then the one that missed a seed
     assert [row.split(" | ")[1] for row in rows] == ["fedbuff", "fedavg", "fedasync"]
     assert time_to_target([{"final": {}}]) is None  # no simulated target: no ranking
+
+
+def test_the_example_gives_every_method_the_same_client_update_budget():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import simulated_time as example
+
+    for dataset, overrides in example.DATASETS.items():
+        for method, changes in example.METHODS.items():
+            config = from_dict(example.BASE, [*overrides, *changes, "devices.target=0.9"])
+            per_step = 1 if config.devices.aggregation == "fedasync" else config.clients.per_round
+            assert config.run.rounds * per_step == 300, (dataset, method)
