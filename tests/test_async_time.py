@@ -209,6 +209,10 @@ def test_an_offline_client_is_never_trained(tmp_path):
             ["algorithm.name=local_only", "data.name=synthetic_multilabel", "partition.name=iid"],
             "algorithm 'local_only' keeps per-client state",
         ),
+        (
+            ["algorithm.name=multilabel_fedavg", "data.name=synthetic_multilabel"],
+            "algorithm.keep_client_models: false runs it without them",
+        ),
         (["devices.max_staleness=0"], "devices.max_staleness=0: in round"),
         (
             ["algorithm.name=signsgd", "aggregator.name=sum", "devices.aggregation=fedasync"],

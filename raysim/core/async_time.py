@@ -133,10 +133,16 @@ def async_problem(algorithm: Any, config: Any) -> str | None:
             f"algorithm '{name}' keeps per-client state between rounds (personalised); "
             "trainings that overlap in time would write it out of order"
         )
-    if hooks.observe_contributions is not None:
+    # (the multi-label FedAvg family observes only to keep client models, which it can skip)
+    if hooks.observe_contributions is not None and getattr(algorithm, "keep_client_models", True):
+        hint = ""
+        from raysim import registry
+
+        if "keep_client_models" in registry.algorithms.option_names(name):
+            hint = "; algorithm.keep_client_models: false runs it without them"
         return (
             f"algorithm '{name}' keeps each client's local model beside the aggregate "
-            "(observe_contributions): its server step is not a function of the aggregate"
+            f"(observe_contributions): its server step is not a function of the aggregate{hint}"
         )
     if hooks.update_delta_of is None:
         return (
