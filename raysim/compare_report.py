@@ -117,6 +117,15 @@ def build_report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str
                 f"| {name} | {' | '.join(cells)} | {best_cell} | {per_seed} | {ratio} | "
                 f"{result['best_validation']:.4f} | {params} |"
             )
+            reached = time_to_target([runs[s] for s in seeds])
+            if reached is not None:
+                entry["time_to_target"] = reached
+        lines += time_to_target_ranking(
+            {
+                name: (methods[name] if scenario is None else methods[name]["scenarios"][scenario])
+                for name in results
+            }
+        )
     lines += [
         "",
         f"Metric columns are the final round's; best-so-far {primary} is the best of any "
@@ -136,6 +145,50 @@ def build_report(comparison: Comparison, results: Mapping[str, Any]) -> dict[str
     if None not in comparison.scenarios:
         report["scenarios"] = {k: list(v) for k, v in comparison.scenarios.items()}
     return report
+
+
+def time_to_target(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Simulated seconds to the target metric over the seeds (runs with `devices.target`):
+    mean ± std of the seeds that reached it, per seed (None: not reached), how many did; None
+    when the runs have no simulated target."""
+    sims = [summary.get("sim") or {} for summary in summaries]
+    if not sims or any(sim.get("target") is None for sim in sims):
+        return None
+    per_seed = [sim.get("time_to_target_s") for sim in sims]
+    hit = [float(v) for v in per_seed if v is not None]
+    mean, std = _mean_std(hit) if hit else (math.nan, math.nan)
+    return {
+        "metric": sims[0].get("target_metric"),
+        "target": sims[0].get("target"),
+        "mean": mean,
+        "std": std,
+        "per_seed": per_seed,
+        "reached": len(hit),
+        "seeds": len(per_seed),
+    }
+
+
+def time_to_target_ranking(entries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The methods ranked by simulated time to the target (runs in simulated time with
+    `devices.target`): those that reached it on more seeds first, then the faster mean."""
+    timed = {name: e["time_to_target"] for name, e in entries.items() if "time_to_target" in e}
+    if not timed:
+        return []
+    first = next(iter(timed.values()))
+    ranked = sorted(timed.items(), key=lambda item: (-item[1]["reached"], item[1]["mean"]))
+    lines = [
+        "",
+        f"Ranked by simulated time to {first['metric']} >= {first['target']:g} (seconds, mean ± "
+        "std over the seeds that reached it):",
+        "",
+        "| rank | method | time to target (s) | reached | per seed |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for rank, (name, t) in enumerate(ranked, start=1):
+        cell = "not reached" if not t["reached"] else f"{t['mean']:.4g} ± {t['std']:.3g}"
+        seeds = " / ".join("-" if v is None else f"{v:.4g}" for v in t["per_seed"])
+        lines.append(f"| {rank} | {name} | {cell} | {t['reached']}/{t['seeds']} | {seeds} |")
+    return lines
 
 
 # A winner within this share of its range (in the space's own scale: log for loguniform) of

@@ -41,7 +41,16 @@ def plan_run(config: Config, dataset: Dataset) -> RunPlan:
     partition = partition_for_run(config, dataset)
     split = partition.train
     check_local_steps(config, split)
-    return RunPlan(partition, split, run_context(config, dataset, partition))
+    ctx = run_context(config, dataset, partition)
+    if config.devices.asynchronous:  # the whole schedule, before anything starts
+        from raysim.core.async_time import AsyncSchedule, check_async
+
+        algorithm = registry.algorithms.build(config.algorithm.name, **config.algorithm.options)
+        check_async(algorithm, config)
+        ctx = dataclasses.replace(
+            ctx, sim_schedule=AsyncSchedule(config, np.diff(split.offsets), ctx)
+        )
+    return RunPlan(partition, split, ctx)
 
 
 def check_local_steps(config: Config, split: ClientSplit) -> None:

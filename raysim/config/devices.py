@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from raysim.config.limits import MAX_WAIT_S, finite, is_path, require
 
 PROFILE_SOURCES = ("none", "sampled", "trace")
+AGGREGATIONS = ("sync", "fedbuff", "fedasync")
+MAX_STALENESS = 10_000  # past models the server may keep (the version window)
 # Simulated seconds are exact float64 sums; beyond ~1e12 s (30,000 years) a sum of durations
 # loses the millisecond, and no study simulates that long.
 MAX_SIM_S = 1e12
@@ -46,6 +48,18 @@ class DevicesConfig:
     # time-to-accuracy: simulated seconds until eval[target_metric] first reaches target
     target_metric: str = "accuracy"
     target: float | None = None
+    # asynchronous aggregation in simulated time (raysim.core.async_time): sync (rounds as
+    # above) | fedbuff (Nguyen et al. 2022) | fedasync (Xie et al. 2019)
+    aggregation: str = "sync"
+    buffer_size: int = 0  # FedBuff's K: updates per server step; 0: clients.per_round
+    concurrency: int = 0  # clients training at once; 0: clients.per_round
+    staleness_exponent: float = 0.5  # s(tau) = (1 + tau)^-a, tau in server steps
+    mixing: float = 0.6  # FedAsync's alpha: x <- (1 - alpha s) x + alpha s x_client
+    max_staleness: int = 100  # the version window: past models the server keeps
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.aggregation != "sync"
 
     @property
     def enabled(self) -> bool:
@@ -92,3 +106,25 @@ class DevicesConfig:
                 self.target_metric)
         require(source, self.target is None or finite(self.target), "devices.target",
                 "a finite number or null", self.target)
+        require(source, self.aggregation in AGGREGATIONS, "devices.aggregation",
+                " | ".join(AGGREGATIONS), self.aggregation)
+        if self.asynchronous:
+            require(source, self.enabled, "devices.profiles",
+                    f"sampled or trace with devices.aggregation={self.aggregation}",
+                    self.profiles)
+            require(source, self.over_selection == 0, "devices.over_selection",
+                    "0 with asynchronous aggregation (over-selection is for synchronous rounds)",
+                    self.over_selection)
+        require(source, 0 <= self.buffer_size <= 10**9, "devices.buffer_size",
+                "a whole number in [0, 1e9] (0: clients.per_round)", self.buffer_size)
+        require(source, self.aggregation != "fedasync" or self.buffer_size in (0, 1),
+                "devices.buffer_size", "0 or 1 with devices.aggregation=fedasync (one update "
+                "a server step)", self.buffer_size)
+        require(source, 0 <= self.concurrency <= 10**9, "devices.concurrency",
+                "a whole number in [0, 1e9] (0: clients.per_round)", self.concurrency)
+        require(source, finite(self.staleness_exponent) and 0 <= self.staleness_exponent <= 10,
+                "devices.staleness_exponent", "in [0, 10]", self.staleness_exponent)
+        require(source, finite(self.mixing) and 0 < self.mixing <= 1, "devices.mixing",
+                "in (0, 1]", self.mixing)
+        require(source, 0 <= self.max_staleness <= MAX_STALENESS, "devices.max_staleness",
+                f"a whole number in [0, {MAX_STALENESS}]", self.max_staleness)

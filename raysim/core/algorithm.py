@@ -48,6 +48,9 @@ class RunContext:
     # How the backend builds a nearest-class index (raysim.index.build_index's signature):
     # the Ray backend's puts several shards in actors. None: every shard in-process.
     index_builder: Any = field(default=None, compare=False)
+    # The asynchronous schedule (raysim.core.async_time.AsyncSchedule) when
+    # devices.aggregation is fedbuff or fedasync; None otherwise.
+    sim_schedule: Any = field(default=None, compare=False)
 
     def __reduce__(self):
         return _restore_context, (tuple(getattr(self, f.name) for f in fields(self)),)
@@ -166,6 +169,9 @@ REQUIRED_METHODS = ("init_server", "server_payload", "client_update", "server_up
 # Update size: `update_delta_of = "params"` names the state array the updates are deltas of;
 #     an update whose norm exceeds server.max_update_ratio x max(1, ||state[name]||) is refused.
 # Server state restored from a checkpoint: def state_restored(self, state, ctx) -> None.
+# Each accepted update before it is folded:
+#     def weigh_update(self, state, round_index, client_id, vector) -> vector
+#         (asynchronous aggregation weighs it by its staleness: raysim.core.async_time).
 # Per-client state between rounds: `uses_client_state = True` (ctx.client_state).
 # Batched clients (`clients.batched: true`; docs/BATCHED.md):
 #     def batched_client_updates(self, payload, batch, ctx) -> list[ClientUpdate]
@@ -190,6 +196,7 @@ _CALLABLE_HOOKS = (
     "state_restored",
     "batched_client_updates",
     "batching_problem",
+    "weigh_update",
 )
 
 
@@ -215,6 +222,7 @@ class AlgorithmHooks:
     uses_client_state: bool = False
     batched_client_updates: Any = None
     batching_problem: Any = None
+    weigh_update: Any = None
 
     @classmethod
     def of(cls, algorithm: Any) -> AlgorithmHooks:

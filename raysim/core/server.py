@@ -44,6 +44,11 @@ def build_algorithm(ctx: RunContext):
     algorithm = registry.algorithms.build(config.name, **config.options)
     check_algorithm(algorithm, config.name)
     check_labels(algorithm, config.name, ctx)
+    schedule = getattr(ctx, "sim_schedule", None)
+    if schedule is not None:  # devices.aggregation: fedbuff | fedasync
+        from raysim.core.async_time import AsyncAggregation
+
+        algorithm = AsyncAggregation(algorithm, schedule, ctx.config)
     return algorithm
 
 
@@ -139,6 +144,8 @@ class Server:
         # Algorithms that keep something of each client (FLAG: its local model, for AmAP)
         # see the round's contributions after the aggregate (`observe_contributions`).
         self._observe = self.hooks.observe_contributions
+        # Asynchronous aggregation weighs each update by its staleness before it is folded.
+        self._weigh = self.hooks.weigh_update
 
     # --- payload -------------------------------------------------------------------------------
     def payload(self):
@@ -219,6 +226,8 @@ class Server:
             stats.bytes_up += wire_nbytes(self.codec, update.message) + encoded_nbytes(update.stats)
             fold.add_loss(update.metrics.get("loss", math.nan), update.num_samples)
             fold.add_norm(norm)
+            if self._weigh is not None:
+                vector = self._weigh(self.state, info.round_index, int(update.client_id), vector)
             contribution = Contribution(
                 int(update.client_id), vector, int(update.num_samples), dict(update.stats)
             )

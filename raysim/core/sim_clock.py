@@ -230,5 +230,7 @@ class SimTally:
                 "min": int(counts.min()) if len(counts) else 0,
                 "median": float(np.median(counts)) if len(counts) else 0.0,
                 "max": int(counts.max()) if len(counts) else 0,
+                # every client's count (left out beyond 100,000 clients)
+                **({"per_client": counts.tolist()} if len(counts) <= 100_000 else {}),
             },
         }

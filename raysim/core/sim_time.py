@@ -40,7 +40,12 @@ def start(
     (replayed rounds after a lost server take the same clients)."""
     if not config.devices.enabled:
         return None
-    clock = RunClock(config, backend)
+    if config.devices.asynchronous:  # FedBuff / FedAsync (raysim.core.async_time)
+        from raysim.core.async_time import AsyncRunClock
+
+        clock = AsyncRunClock(config, backend)
+    else:
+        clock = RunClock(config, backend)
     records = {record.get("round"): record for record in history or []}
     for round_index in range(first):
         clock.tally.add(

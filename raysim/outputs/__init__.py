@@ -36,7 +36,7 @@ from raysim.outputs.environment import run_environment
 from raysim.outputs.identity import config_header, run_identity
 from raysim.outputs.records import json_safe, record_line
 from raysim.outputs.run_folder import check_out_dir, run_files
-from raysim.outputs.tensorboard import TensorBoardLog
+from raysim.outputs.tensorboard import TensorBoardLog, sim_time_step
 
 
 class RunOutputs:
@@ -80,7 +80,13 @@ class RunOutputs:
         self._tensorboard = None
         if tensorboard:
             purge = resumed_round + 1 if history is not None else None
-            self._tensorboard = TensorBoardLog(self.out_dir / "tensorboard", purge_step=purge)
+            sim_purge = None
+            if history is not None:  # after the checkpoint round's simulated end
+                ends = [(r.get("sim") or {}).get("end_s") for r in history]
+                sim_purge = sim_time_step(ends[-1]) + 1 if ends and ends[-1] is not None else 0
+            self._tensorboard = TensorBoardLog(
+                self.out_dir / "tensorboard", purge_step=purge, sim_purge_step=sim_purge
+            )
         # Round records are written by a background thread: TensorBoard's add_scalar costs
         # ~50 us a value, which would otherwise sit on the critical path of every round.
         self._queue: queue.Queue = queue.Queue()

@@ -1,6 +1,10 @@
 """A run's TensorBoard event files (OUT/tensorboard/): every numeric per-round value as a
 scalar under its metrics.jsonl name, derived scalars (`tensorboard_scalars`), per-client lists
-as histograms, heatmap images, and the config with the final metrics in the HParams tab."""
+as histograms, heatmap images, and the config with the final metrics in the HParams tab.
+
+A run in simulated time (`devices:`) also writes OUT/tensorboard/sim_time/: its metrics against
+simulated time, tagged `sim_time/NAME` (eval/*, val/*, train_loss, the round's simulated length
+and staleness), whose step is the round's simulated end in milliseconds (`sim_time_step`)."""
 
 from __future__ import annotations
 
@@ -16,20 +20,48 @@ from raysim.outputs.records import flatten_record, is_number
 class TensorBoardLog:
     """The event writer of one run. `purge_step`: on resume, the first round after the
     checkpoint; the events of that round and later ones (written before the stop, computed
-    again now) are purged, so no round appears twice."""
+    again now) are purged, so no round appears twice. `sim_purge_step`: the same for the
+    simulated-time events (the step after the checkpoint round's simulated end)."""
 
-    def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
+    def __init__(
+        self, log_dir: Path, purge_step: int | None = None, sim_purge_step: int | None = None
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         _use_native_crc32c()
         self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+        self._log_dir, self._sim_purge_step = Path(log_dir), sim_purge_step
+        self._sim_writer = None  # OUT/tensorboard/sim_time/, opened by the first sim record
 
     def write_record(self, record: dict[str, Any]) -> None:
-        """One round's record: its scalars, and its per-client lists as histograms."""
+        """One round's record: its scalars, and its per-client lists as histograms (and, in
+        simulated time, its metrics against simulated time)."""
         step = int(record["round"])
-        self._add_scalars(tensorboard_scalars(record), step)
+        scalars = tensorboard_scalars(record)
+        self._add_scalars(scalars, step)
         for key, values in _number_lists(record).items():
             self._writer.add_histogram(key, np.asarray(values), step)
+        sim = record.get("sim")
+        if isinstance(sim, dict) and is_number(sim.get("end_s")):
+            self._write_sim_time(scalars, sim_time_step(sim["end_s"]))
+
+    def _write_sim_time(self, scalars: dict[str, float], step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard import SummaryWriter
+
+        if self._sim_writer is None:
+            self._sim_writer = SummaryWriter(
+                log_dir=str(self._log_dir / "sim_time"), purge_step=self._sim_purge_step
+            )
+        chosen = {
+            f"sim_time/{key}": value
+            for key, value in scalars.items()
+            if key.startswith(SIM_TIME_PREFIXES) or key in SIM_TIME_KEYS
+        }
+        summary = Summary(
+            value=[Summary.Value(tag=key, simple_value=value) for key, value in chosen.items()]
+        )
+        self._sim_writer._get_file_writer().add_summary(summary, step)
 
     def _add_scalars(self, scalars: dict[str, float], step: int) -> None:
         """Every scalar of a round as one TensorBoard event (one Summary holding a value per
@@ -62,6 +94,20 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self._writer.close()
+        if self._sim_writer is not None:
+            self._sim_writer.close()
+
+
+# What OUT/tensorboard/sim_time/ holds of a round's scalars (tagged sim_time/NAME).
+SIM_TIME_PREFIXES = ("eval/", "val/")
+SIM_TIME_KEYS = ("train_loss", "sim/round_s", "sim/staleness_mean", "sim/staleness_max")
+
+
+def sim_time_step(end_s: float) -> int:
+    """The TensorBoard step of a round in simulated time: its simulated end in milliseconds
+    (TensorBoard steps are whole numbers; two rounds ending within the same millisecond share
+    a step)."""
+    return int(round(float(end_s) * 1000.0))
 
 
 def _masked_crc32c(data: bytes) -> int:
