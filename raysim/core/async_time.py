@@ -134,7 +134,9 @@ def async_problem(algorithm: Any, config: Any) -> str | None:
             "trainings that overlap in time would write it out of order"
         )
     # (the multi-label FedAvg family observes only to keep client models, which it can skip)
-    if hooks.observe_contributions is not None and getattr(algorithm, "keep_client_models", True):
+    # read from the run's config, not probed on the algorithm object: the option is the user's
+    keeps_models = config.algorithm.options.get("keep_client_models", True)
+    if hooks.observe_contributions is not None and keeps_models:
         hint = ""
         from raysim import registry
 

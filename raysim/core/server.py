@@ -44,7 +44,7 @@ def build_algorithm(ctx: RunContext):
     algorithm = registry.algorithms.build(config.name, **config.options)
     check_algorithm(algorithm, config.name)
     check_labels(algorithm, config.name, ctx)
-    schedule = getattr(ctx, "sim_schedule", None)
+    schedule = ctx.sim_schedule
     if schedule is not None:  # devices.aggregation: fedbuff | fedasync
         from raysim.core.async_time import AsyncAggregation
 
