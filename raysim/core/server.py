@@ -44,11 +44,10 @@ def build_algorithm(ctx: RunContext):
     algorithm = registry.algorithms.build(config.name, **config.options)
     check_algorithm(algorithm, config.name)
     check_labels(algorithm, config.name, ctx)
-    schedule = getattr(ctx, "sim_schedule", None)
-    if schedule is not None:  # devices.aggregation: fedbuff | fedasync
+    if ctx.config.devices.asynchronous and ctx.sim_schedule is not None:  # fedbuff | fedasync
         from raysim.core.async_time import AsyncAggregation
 
-        algorithm = AsyncAggregation(algorithm, schedule, ctx.config)
+        algorithm = AsyncAggregation(algorithm, ctx.sim_schedule, ctx.config)
     return algorithm
 
 
