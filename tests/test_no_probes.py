@@ -21,9 +21,6 @@ ALLOWED = {
     # the algorithm contract when a run starts, and its hooks read once into a frozen record
     ("core/algorithm.py", "check_algorithm"): 5,
     ("core/algorithm.py", "AlgorithmHooks.of"): 2,
-    # an algorithm wrapped once for asynchronous rounds (as a foreign codec is): its optional
-    # members forwarded as they are, so AlgorithmHooks.of reads the wrapper like the original
-    ("core/async_time.py", "AsyncAggregation.__init__"): 2,
     # pickling the run context: its own dataclass fields
     ("core/algorithm.py", "RunContext.__reduce__"): 1,
     # the run's totals: RoundStats fields named by the tally's own keys

@@ -133,15 +133,14 @@ def async_problem(algorithm: Any, config: Any) -> str | None:
             f"algorithm '{name}' keeps per-client state between rounds (personalised); "
             "trainings that overlap in time would write it out of order"
         )
-    # (the multi-label FedAvg family observes only to keep client models, which it can skip)
-    # read from the run's config, not probed on the algorithm object: the option is the user's
-    keeps_models = config.algorithm.options.get("keep_client_models", True)
-    if hooks.observe_contributions is not None and keeps_models:
-        hint = ""
-        from raysim import registry
+    # (multilabel_fedavg observes only to keep client models, which its option can turn off)
+    from raysim import registry
 
-        if "keep_client_models" in registry.algorithms.option_names(name):
-            hint = "; algorithm.keep_client_models: false runs it without them"
+    keeps, hint = True, ""
+    if "keep_client_models" in registry.algorithms.option_names(name):
+        keeps = bool(config.algorithm.options.get("keep_client_models", True))
+        hint = "; algorithm.keep_client_models: false runs it without them"
+    if hooks.observe_contributions is not None and keeps:
         return (
             f"algorithm '{name}' keeps each client's local model beside the aggregate "
             f"(observe_contributions): its server step is not a function of the aggregate{hint}"
@@ -379,25 +378,23 @@ class AsyncAggregation:
     staleness (and FedAsync's mix). Built by raysim.core.server.build_algorithm when the run
     context holds a schedule; everything else is the wrapped algorithm's."""
 
-    _FORWARDED = (
-        "labels",
-        "default_aggregator",
-        "default_codec",
-        "configurable_codec",
-        "update_layout",
-        "shared_mask",
-        "check_aggregator",
-        "update_delta_of",
-        "state_restored",
-    )
-
     def __init__(self, inner: Any, schedule: AsyncSchedule, config: Any) -> None:
         check_async(inner, config)
         self.inner, self.schedule = inner, schedule
         self.name = config.algorithm.name
-        for name in self._FORWARDED:
-            if hasattr(inner, name):
-                setattr(self, name, getattr(inner, name))
+        # the wrapped algorithm's declarations and hooks (AlgorithmHooks reads them from here)
+        hooks = AlgorithmHooks.of(inner)
+        self.default_aggregator = inner.default_aggregator
+        self.labels, self.update_delta_of = hooks.labels, hooks.update_delta_of
+        self.default_codec, self.configurable_codec = hooks.default_codec, hooks.configurable_codec
+        for name, hook in (
+            ("update_layout", hooks.update_layout),
+            ("shared_mask", hooks.shared_mask),
+            ("check_aggregator", hooks.check_aggregator),
+            ("state_restored", hooks.state_restored),
+        ):
+            if hook is not None:
+                setattr(self, name, hook)
 
     # --- state and the version window ----------------------------------------------------------
     @staticmethod
