@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -360,17 +360,10 @@ class Server:
             aggregate = self.aggregator.aggregate(fold.contributions, self._info)
         if aggregate is not None:
             state = self.state
-            result = self.algorithm.server_update(state, aggregate, self.ctx)
-            # server_update returns the next state, or (state, diagnostics): seconds of the
-            # server phases it timed itself (`*_s`, reported in the round's time split).
-            if isinstance(result, tuple):
-                result, times = result
-                stats.server_times = {k: float(v) for k, v in dict(times).items()}
-            if not isinstance(result, ServerState):
-                raise TypeError(
-                    f"{type(self.algorithm).__name__}.server_update returned a "
-                    f"{type(result).__name__}, expected a ServerState (or ServerState, dict)"
-                )
+            result, times = self._checked_update(
+                self.algorithm.server_update(state, aggregate, self.ctx)
+            )
+            stats.server_times = times
             if self._observe is not None and fold.contributions:
                 result = self._observe(state, result, fold.contributions, self.ctx)
             broken = _non_finite_arrays(result)
@@ -401,6 +394,27 @@ class Server:
                 stats.val = self.algorithm.evaluate(self.state, self.val_x, self.val_y, ctx)
             stats.evaluate_s = time.perf_counter() - started
         return stats
+
+    def _checked_update(self, returned: Any) -> tuple[ServerState, dict[str, float]]:
+        """server_update's `(state, diagnostics)`: the next state and the seconds of the server
+        phases the algorithm timed itself (`*_s`, reported in the round's time split; empty
+        when it times none). Anything else is refused in one line naming the algorithm."""
+        if (
+            isinstance(returned, tuple)
+            and len(returned) == 2
+            and isinstance(returned[0], ServerState)
+            and isinstance(returned[1], Mapping)
+        ):
+            state, diagnostics = returned
+            return state, {k: float(v) for k, v in diagnostics.items()}
+        if isinstance(returned, tuple):
+            got = f"({', '.join(type(item).__name__ for item in returned)})"
+        else:
+            got = type(returned).__name__
+        raise ConfigError(
+            f"algorithm '{self.ctx.config.algorithm.name}': server_update must return "
+            f"(state, diagnostics), got {got}"
+        )
 
     def evaluate(self) -> dict[str, float]:
         return self.algorithm.evaluate(self.state, self.test_x, self.test_y, self.ctx)
