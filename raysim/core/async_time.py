@@ -519,25 +519,3 @@ class AsyncTally:
             "counts": np.bincount(values).tolist() if len(values) else [],
         }
         return summary
-
-
-class AsyncRunClock:
-    """The round loop's side of an asynchronous run (raysim.core.sim_time.start builds it)."""
-
-    def __init__(self, config: Any, backend: Any) -> None:
-        schedule = backend.ctx.sim_schedule
-        if schedule is None:  # a backend plug-in whose context lost the field
-            schedule = AsyncSchedule(config, np.diff(backend.split.offsets), backend.ctx)
-        self.clock = schedule  # .round(i) below, as SimClock has
-        self.tally = AsyncTally(config.devices, backend.split.num_clients)
-
-    def info(self, round_index: int) -> RoundInfo:
-        return self.clock.info(round_index)
-
-    def add_record(self, round_index: int, record: dict[str, Any]) -> None:
-        step = self.clock.step(round_index)
-        record["sim"] = step.record()
-        self.tally.add(step, record)
-
-    def summary(self) -> dict[str, Any]:
-        return self.tally.summary()

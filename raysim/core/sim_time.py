@@ -14,10 +14,11 @@ from raysim.core.state import RoundInfo
 
 
 class RunClock:
-    def __init__(self, config: Any, backend: Any) -> None:
-        split = backend.split
-        self.clock = SimClock(config, np.diff(split.offsets), backend.ctx)
-        self.tally = SimTally(config.devices, split.num_clients)
+    """A run's clock (a SimClock, or an async_time.AsyncSchedule) and its tally: both clocks
+    give each round's clients (`info`) and the round's simulated record (`round`)."""
+
+    def __init__(self, clock: Any, tally: Any) -> None:
+        self.clock, self.tally = clock, tally
 
     def info(self, round_index: int) -> RoundInfo:
         return self.clock.info(round_index)
@@ -40,12 +41,18 @@ def start(
     (replayed rounds after a lost server take the same clients)."""
     if not config.devices.enabled:
         return None
+    sizes, num_clients = np.diff(backend.split.offsets), backend.split.num_clients
     if config.devices.asynchronous:  # FedBuff / FedAsync (raysim.core.async_time)
-        from raysim.core.async_time import AsyncRunClock
+        from raysim.core.async_time import AsyncSchedule, AsyncTally
 
-        clock = AsyncRunClock(config, backend)
+        schedule = backend.ctx.sim_schedule  # computed when the run was planned
+        if schedule is None:  # a backend plug-in whose context lost the field
+            schedule = AsyncSchedule(config, sizes, backend.ctx)
+        clock = RunClock(schedule, AsyncTally(config.devices, num_clients))
     else:
-        clock = RunClock(config, backend)
+        clock = RunClock(
+            SimClock(config, sizes, backend.ctx), SimTally(config.devices, num_clients)
+        )
     records = {record.get("round"): record for record in history or []}
     for round_index in range(first):
         clock.tally.add(
