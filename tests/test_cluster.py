@@ -25,7 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.ray
 
-ROUNDS = 3
+ROUNDS = 2
 
 
 def _cluster_script():

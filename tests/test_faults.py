@@ -245,22 +245,22 @@ def test_a_round_deadline_shorter_than_a_worker_restart_still_trains(ray_session
     is timed from its own start (after its worker started and fetched the run's bundle), so
     exactly the stragglers are late and every other client's update arrives."""
     config = _digits(
-        "run.rounds=4",
+        "run.rounds=2",  # round 2 runs on the workers that replaced round 1's cancelled ones
         "clients.per_task=1",
         "clients.num_cpus=0.5",  # 4 slots on the test's 2 CPUs
-        "faults.straggler_rate=0.2",  # stragglers in rounds 1-4, cut by the deadline
+        "faults.straggler_rate=0.2",  # 3 stragglers in round 1, 2 in round 2, cut by the deadline
         "faults.straggler_delay_s=30",
         "run.round_deadline_s=1.0",
         backend="ray",
     )
     plan = FaultPlan.from_config(config)
     stragglers = [
-        sum(plan.straggles(r, int(c), 0) for c in sample_clients(0, r, 100, 10)) for r in range(4)
+        sum(plan.straggles(r, int(c), 0) for c in sample_clients(0, r, 100, 10)) for r in range(2)
     ]
-    assert sum(stragglers) >= 4
+    assert stragglers == [3, 2]
     _run(config, tmp_path)
     records = _records(tmp_path)
-    assert [r["round"] for r in records] == [1, 2, 3, 4]
+    assert [r["round"] for r in records] == [1, 2]
     assert [r["clients_late"] for r in records] == stragglers  # exactly the stragglers were cut
     assert all(r["clients_done"] + r["clients_late"] == 10 for r in records)
 

@@ -247,7 +247,7 @@ def test_core_and_runtime_import_nothing_from_algorithms():
 
 
 @pytest.mark.ray
-def test_a_two_trial_tune_sweep_of_the_plugins_equals_local_runs(plugin_dir, tmp_path):
+def test_a_tune_sweep_of_the_plugins_equals_a_local_run(plugin_dir, tmp_path):
     import csv
 
     import yaml
@@ -261,8 +261,10 @@ def test_a_two_trial_tune_sweep_of_the_plugins_equals_local_runs(plugin_dir, tmp
         "allow_test_metric": True,  # compared with local runs' test accuracy
         "mode": "max",
         "scheduler": "fifo",
-        "max_concurrent_trials": 2,
-        "space": {"algorithm.max_norm": {"grid": [0.25, 2.0]}},
+        "max_concurrent_trials": 1,
+        # one trial: what is checked is that the plug-ins reach Tune's trial processes and
+        # their workers (test_tune checks a sweep of several trials)
+        "space": {"algorithm.max_norm": {"grid": [0.25]}},
     }
     (plugin_dir / "sweep.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     out = tmp_path / "sweep"
@@ -270,7 +272,7 @@ def test_a_two_trial_tune_sweep_of_the_plugins_equals_local_runs(plugin_dir, tmp
     assert "sending plug-in code to the workers" in result.stdout
     with open(out / "tune_results.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert sorted(float(r["algorithm.max_norm"]) for r in rows) == [0.25, 2.0]
+    assert [float(r["algorithm.max_norm"]) for r in rows] == [0.25]
     assert all(r["status"] == "completed" for r in rows), rows
     for row in rows:
         local = tmp_path / f"local_{row['algorithm.max_norm']}"

@@ -66,15 +66,15 @@ def local_deadline_run(tmp_path_factory):
     return _run(_config(), out), out
 
 
-def test_a_deadline_run_is_the_same_twice_and_carries_simulated_time(
-    local_deadline_run, tmp_path
-):
+def test_a_deadline_run_is_the_same_twice_and_carries_simulated_time(local_deadline_run, tmp_path):
     first, out = local_deadline_run
     _same(first, _run(_config(), tmp_path))
     records = _records(out)
     ends = [r["sim"]["end_s"] for r in records]
     assert ends == sorted(ends) and ends[0] > 0
-    assert all(r["sim"]["start_s"] == p["sim"]["end_s"] for p, r in zip(records, records[1:], strict=False))
+    assert all(
+        r["sim"]["start_s"] == p["sim"]["end_s"] for p, r in zip(records, records[1:], strict=False)
+    )
     # the deadline and over-selection decided who trained: never more than K, some late
     assert all(r["clients"] == r["sim"]["kept"] <= 4 for r in records)
     assert sum(r["sim"]["late"] + r["sim"]["offline"] for r in records) > 0
@@ -87,8 +87,9 @@ def test_a_deadline_run_is_the_same_twice_and_carries_simulated_time(
 def test_ray_matches_local_for_two_packings(ray_session, local_deadline_run, tmp_path):
     local, _ = local_deadline_run
     for per_task in (1, 3):
-        ray = _run(_config("runtime.backend=ray", f"clients.per_task={per_task}"),
-                   tmp_path / str(per_task))
+        ray = _run(
+            _config("runtime.backend=ray", f"clients.per_task={per_task}"), tmp_path / str(per_task)
+        )
         _same(local, ray)
 
 
@@ -110,8 +111,13 @@ def test_an_offline_client_is_never_trained(tmp_path):
         "1,1e5,1e5,1e5,0-0.001\n"
         "2,5e6,1e6,5e5,0-400;600-1000\n"
     )
-    config = _config("devices.profiles=trace", f"devices.trace={trace}",
-                     "devices.trace_period_s=1000", "devices.deadline_s=0", "run.rounds=6")
+    config = _config(
+        "devices.profiles=trace",
+        f"devices.trace={trace}",
+        "devices.trace_period_s=1000",
+        "devices.deadline_s=0",
+        "run.rounds=6",
+    )
     result = _run(config, tmp_path / "out")
     plan = plan_run(config, load_dataset(config))
     clock = SimClock(config, np.diff(plan.split.offsets), plan.ctx)

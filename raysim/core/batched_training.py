@@ -78,7 +78,8 @@ def model_problem(model: nn.Module, input_shape: Sequence[int]) -> str | None:
     Buffers (BatchNorm's running statistics) are written in place during training, frozen or
     shared parameters would need the optimizer's skipping rules, and a random layer (dropout)
     draws from torch's global generator, which a vmapped call cannot split per client; on a
-    CPU, convolutions are refused as slower batched than sequential. The probe runs one vmapped forward/backward of two clients on one zero row of `input_shape`."""
+    CPU, convolutions are refused as slower batched than sequential. The probe runs one vmapped
+    forward/backward of two clients on one zero row of `input_shape`."""
     known = _PROBLEMS.get(model, False)
     if known is not False:
         return known

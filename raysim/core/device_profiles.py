@@ -144,7 +144,8 @@ def read_trace(path: str | Path, num_clients: int, period: float) -> Profiles:
         if not header_seen:
             if tuple(fields) != TRACE_HEADER:
                 raise RaysimError(
-                    f"{path}:{number}: the header must be {','.join(TRACE_HEADER)}, got {line[:80]!r}"
+                    f"{path}:{number}: the header must be {','.join(TRACE_HEADER)}, "
+                    f"got {line[:80]!r}"
                 )
             header_seen = True
             continue
@@ -156,7 +157,9 @@ def read_trace(path: str | Path, num_clients: int, period: float) -> Profiles:
         raise RaysimError(f"{path}: no client rows (header {','.join(TRACE_HEADER)} and rows)")
     if sorted(rows) != list(range(len(rows))):
         missing = next(i for i in range(len(rows)) if i not in rows)
-        raise RaysimError(f"{path}: clients must be numbered 0..{len(rows) - 1}; {missing} is missing")
+        raise RaysimError(
+            f"{path}: clients must be numbered 0..{len(rows) - 1}; {missing} is missing"
+        )
     source = np.arange(num_clients) % len(rows)
     flops = np.array([rows[i][0] for i in source])
     down = np.array([rows[i][1] for i in source])
