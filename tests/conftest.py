@@ -7,8 +7,15 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import pytest
-from cli_forks import ForkedCli
+# One OpenMP thread per process, set before torch is imported here or in any process the
+# tests start: the suite runs two pytest workers next to Ray workers on two cores, and torch's
+# default of one thread per core had every tiny parallel region of every process spin-waiting
+# for cores the others held. Client training sets its own count (the CPUs a client reserves)
+# whatever this says; a user's run is not affected.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+from cli_forks import ForkedCli  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DIGITS_CONFIG = REPO_ROOT / "configs" / "fedavg_digits.yaml"
@@ -89,40 +96,3 @@ def _default_ctrl_c():
         signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
 
-
-# The slowest test files, slowest first (seconds of a 2-worker run, 2 cores, Dec 2026).
-# pytest-xdist's `--dist loadfile` hands whole files to its workers in queue order, and by
-# default (recent versions) queues the files with the most tests first, so one-test files as slow as
-# the two-node cluster's ran last, alone, while the other worker idled: minutes of a ~12 min
-# run. Slowest first, the short files fill in around them. Only the order changes: every file
-# still runs whole in one worker, its tests in their written order. A file missing from the
-# list keeps its place after these.
-SLOWEST_FILES_FIRST = (
-    "test_plugins.py",  # ~125 s
-    "test_faults.py",  # ~120 s
-    "test_first_hour.py",  # ~110 s
-    "test_cluster.py",  # ~95 s
-    "test_compare.py",  # ~70 s
-    "test_ray_integration.py",  # ~60 s
-    "test_scaffold_example.py",
-    "test_tune_resume.py",
-    "test_deadlines.py",
-    "test_fedaws_example.py",
-    "test_hostile_corpus.py",
-    "test_device_paths.py",
-    "test_tune.py",
-    "test_resume.py",
-    "test_cli_forks.py",
-    "test_frl.py",
-    "test_errors.py",
-)
-
-
-def pytest_configure(config):
-    if hasattr(config.option, "loadscopereorder"):  # older pytest-xdist keeps the order
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: position for position, name in enumerate(SLOWEST_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
