@@ -7,15 +7,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-# One OpenMP thread per process, set before torch is imported here or in any process the
-# tests start: the suite runs two pytest workers next to Ray workers on two cores, and torch's
-# default of one thread per core had every tiny parallel region of every process spin-waiting
-# for cores the others held. Client training sets its own count (the CPUs a client reserves)
-# whatever this says; a user's run is not affected.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import pytest  # noqa: E402
-from cli_forks import ForkedCli  # noqa: E402
+import pytest
+from cli_forks import ForkedCli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DIGITS_CONFIG = REPO_ROOT / "configs" / "fedavg_digits.yaml"
@@ -95,4 +88,3 @@ def _default_ctrl_c():
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
-
