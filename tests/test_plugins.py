@@ -5,8 +5,8 @@ an aggregator: a norm-bounded mean; a codec: int8 deltas with a per-tensor scale
 dataset; a partitioner) are copied into a temporary folder and run from there: on the local
 backend, on a Ray that raysim starts itself (their modules must reach the workers through the
 run's runtime_env), and registered by name from a user's script. Ray equals local bit for bit.
-The two-node cluster and the 2-trial `raysim tune` runs of these plug-ins are in
-tests/test_cluster.py and tests/test_tune.py.
+So does a one-trial `raysim tune` of them (below); their two-node cluster run is in
+tests/test_cluster.py.
 """
 
 from __future__ import annotations
