@@ -2,7 +2,7 @@
 `server_device` in raysim.models.devices), so the same functions train and evaluate on a GPU
 when one is reserved. On this GPU-less host, asking for GPUs must take that path, fall back to
 the CPU with a notice, and give exactly the CPU result (every method, local backend); on the
-Ray backend one method of each family (its own client and server code) runs with
+Ray backend one method per module that asks for a device (RAY_METHODS) runs with
 `clients.num_gpus: 0.25` and `server.num_gpus: 0.5` on a cluster without GPUs."""
 
 from __future__ import annotations
