@@ -150,6 +150,7 @@ def test_winners_are_re_run_under_each_scenario_untuned_for_it(ray_session, tmp_
     scenarios = {"clean": [], "noisy": ["faults.client_failure_rate=0.3"]}
     spec = _spec(
         tmp_path,
+        compare__trials=1,  # what is re-run per scenario is checked here, not the tuning
         scenarios=scenarios,
         methods={
             "fedavg": {"space": {"clients.lr": {"loguniform": [0.01, 0.3]}}},

@@ -137,7 +137,7 @@ def test_every_plugin_on_ray_equals_local_from_a_copy(plugin_dir, tmp_path):
             "--set", "runtime.backend=local", *rounds)  # fmt: skip
     result = _raysim(plugin_dir, "run", "everything.yaml", "--out", str(on_ray), "--no-progress",
                      "--set", "runtime.backend=ray", "--set", "runtime.num_cpus=2",
-                     *rounds)  # fmt: skip
+                     "--set", "runtime.dashboard=false", *rounds)  # fmt: skip
     assert "sending plug-in code to the workers" in result.stdout
     assert "ray backend" in result.stdout
     _same_run(local, on_ray)
@@ -165,7 +165,8 @@ config = {
 finals = {}
 for backend in ("local", "ray"):
     result = raysim.run(config, out=f"out_{backend}", progress=False, tensorboard=False,
-                        overrides=[f"runtime.backend={backend}", "runtime.num_cpus=2"])
+                        overrides=[f"runtime.backend={backend}", "runtime.num_cpus=2",
+                                   "runtime.dashboard=false"])
     finals[backend] = result.summary["final"]
 record = raysim.load_run("out_ray")
 model = record.model()
@@ -256,7 +257,7 @@ def test_a_tune_sweep_of_the_plugins_equals_a_local_run(plugin_dir, tmp_path):
 
     raw = yaml.safe_load((plugin_dir / "everything.yaml").read_text())
     raw["run"].update(rounds=3, checkpoint_every=0)
-    raw["runtime"] = {"backend": "ray", "num_cpus": 2}
+    raw["runtime"] = {"backend": "ray", "num_cpus": 2, "dashboard": False}
     (plugin_dir / "base.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     raw["tune"] = {
         "metric": "eval/accuracy",

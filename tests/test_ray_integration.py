@@ -42,8 +42,9 @@ def _assert_same_run(result, reference) -> None:
 def test_a_cli_run_with_one_cpu_matches_local(
     run_cli, digits_config_path, tmp_path, local_reference
 ):
-    """The CLI starts its own Ray with `runtime.num_cpus=1` (the in-process tests below use
-    the session's 2 CPUs); its final checkpoint equals local's."""
+    """The CLI starts its own Ray with `runtime.num_cpus=1` and the default settings otherwise
+    (its dashboard on; the in-process tests below use the session's 2 CPUs); its final
+    checkpoint equals local's."""
     out = tmp_path / "cpus1"
     result = run_cli(
         [
@@ -61,6 +62,8 @@ def test_a_cli_run_with_one_cpu_matches_local(
     )  # progress on: plain lines, since there is no terminal
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"\b1 CPUs\b", result.stdout), result.stdout  # Ray got the 1 CPU asked for
+    # the default runtime.dashboard: the Ray raysim starts has its dashboard, on loopback
+    assert "Ray dashboard: http://127.0.0.1:" in result.stdout, result.stdout
     assert f"done: {ROUNDS} rounds" in result.stdout
     # the last round's progress line says where its clients trained
     last = rf"raysim: round {ROUNDS}/{ROUNDS} .*clients in "

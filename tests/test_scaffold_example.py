@@ -18,7 +18,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.ray
 
 SMALL = ["--set", "partition.num_clients=20", "--set", "clients.per_round=5",
-         "--set", "run.checkpoint_every=1", "--no-progress"]  # fmt: skip
+         "--set", "run.checkpoint_every=1", "--no-progress",
+         "--set", "runtime.dashboard=false"]  # fmt: skip (no dashboard: not this test's subject)
 
 
 def _raysim(folder: Path, *args: str) -> str:
@@ -41,6 +42,7 @@ def test_scaffold_from_a_copy_runs_on_ray_and_local_equal_and_resumes(tmp_path):
                      "--set", "runtime.backend=ray", "--set", "runtime.num_cpus=2",
                      *SMALL)  # fmt: skip
     assert "sending plug-in code to the workers: " in output
+    assert "Ray dashboard:" not in output  # runtime.dashboard=false: Ray started without it
     # Ray's two rounds are the local run's first two, bit for bit (accuracy, losses)
     ray_rounds, local_rounds = _records(on_ray), _records(local)
     assert len(ray_rounds) == 2 and len(local_rounds) == 3

@@ -23,7 +23,8 @@ SWEEP = {
     "clients": {"per_round": 4, "local_epochs": 1, "batch_size": 16, "lr": 0.05},
     "model": {"name": "mlp", "hidden": [16]},
     "algorithm": {"name": "fedavg"},
-    "runtime": {"backend": "local", "num_cpus": 2},  # trials train in their own process
+    # trials train in their own process; no dashboard (not this test's subject)
+    "runtime": {"backend": "local", "num_cpus": 2, "dashboard": False},
     "tune": {
         "metric": "val/accuracy",
         "mode": "max",

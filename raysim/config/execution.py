@@ -53,6 +53,9 @@ class RuntimeConfig:
     num_cpus: int | None = None  # CPUs for a local Ray start (None: all)
     address: str | None = None  # 'auto' or 'ray://...' joins an existing cluster
     dashboard_host: str = "127.0.0.1"
+    # Start Ray's dashboard with a Ray that raysim starts (a cluster it joins keeps its own).
+    # Off saves its process (~4 s of CPU at start, and its polling): batch sweeps, tests.
+    dashboard: bool = True
 
     def check(self, source: str, resolve: bool = True) -> None:
         require(

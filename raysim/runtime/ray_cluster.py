@@ -45,9 +45,7 @@ def end_loopback_only() -> None:
         ray_constants.ENABLE_RAY_CLUSTER = previous
 
 
-def connect(
-    runtime: RuntimeConfig, address: str | None = None, include_dashboard: bool = True
-) -> bool:
+def connect(runtime: RuntimeConfig, address: str | None = None) -> bool:
     """Join `address` (or runtime.address), or start a local Ray. True if we started it.
 
     The user's plug-in modules (named by import path in the config or registered from their
@@ -77,7 +75,7 @@ def connect(
         loopback_only(runtime)
         context = ray.init(
             num_cpus=runtime.num_cpus,
-            include_dashboard=include_dashboard,
+            include_dashboard=runtime.dashboard,
             dashboard_host=runtime.dashboard_host,
             logging_level=logging.WARNING,
             runtime_env=runtime_env,
