@@ -36,7 +36,9 @@ _APPLIED_IN_CHILD = {"PYTHONWARNINGS"}
 
 # Libraries a run imports lazily (the digits loader's scikit-learn, the curves' matplotlib,
 # TensorBoard's writer): ~3 s of CPU per CLI run that reaches training, on two cores. Importing
-# them starts no thread (checked below) and runs no OpenMP region, so forking stays safe.
+# them starts no thread (checked below) and runs no OpenMP region, so forking stays safe. Not
+# Ray: it reads its RAY_* variables when imported, and a child's own (the cluster tests' auth
+# settings) must count.
 _SHARED_LIBRARIES = (
     "sklearn.datasets",
     "sklearn.model_selection",
