@@ -31,8 +31,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 # Interpreter start-up settings a forked child applies itself; any other PYTHON* variable
-# that differs from the server's makes the call a plain subprocess.
-_APPLIED_IN_CHILD = {"PYTHONWARNINGS"}
+# that differs from the server's makes the call a plain subprocess. PYTHONBREAKPOINT is read
+# by sys.breakpointhook at each breakpoint(), not at start-up, so the child's environment
+# already governs it; ray.init sets it in the test process's environment, which before this
+# made every later CLI call of that process a plain subprocess (~3 s of imports each).
+_APPLIED_IN_CHILD = {"PYTHONWARNINGS", "PYTHONBREAKPOINT"}
 
 # Libraries a run imports lazily (the digits loader's scikit-learn, the curves' matplotlib,
 # TensorBoard's writer): ~3 s of CPU per CLI run that reaches training, on two cores. Importing

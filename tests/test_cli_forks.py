@@ -54,3 +54,17 @@ def test_a_forked_cli_sees_its_own_environment(tmp_path):
     path_env = dict(env, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     via_path = raysim_cli(["--version"], env=path_env)
     assert via_path.returncode == 0 and via_path.stdout.startswith("raysim ")
+
+
+def test_a_driver_that_ran_ray_init_still_forks():
+    """ray.init sets PYTHONBREAKPOINT in the test process's environment; a CLI call made after
+    it is still forked (a plain subprocess costs ~3 s of imports), while a start-up variable
+    that the child could not honour still is not."""
+    from cli_forks import ForkedCli
+
+    forks = ForkedCli()
+    try:
+        assert forks._forkable(dict(os.environ, PYTHONBREAKPOINT="ray.util.rpdb._driver_set_trace"))
+        assert not forks._forkable(dict(os.environ, PYTHONHASHSEED="7"))
+    finally:
+        forks.close()
