@@ -17,9 +17,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.ray
 
+# no dashboard: not this test's subject
 SMALL = ["--set", "partition.num_clients=20", "--set", "clients.per_round=5",
          "--set", "run.checkpoint_every=1", "--no-progress",
-         "--set", "runtime.dashboard=false"]  # fmt: skip (no dashboard: not this test's subject)
+         "--set", "runtime.dashboard=false"]  # fmt: skip
 
 
 def _raysim(folder: Path, *args: str) -> str:
