@@ -88,3 +88,40 @@ def _default_ctrl_c():
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
+
+
+# The longest test files first (longest-processing-time-first, the classic rule for finishing
+# parallel work together). pytest-xdist's `--dist loadfile` hands whole files to its two
+# workers in queue order and by default queues the files with the most tests first, so one-test
+# files as long as the two-node cluster's, the scaffold example's and the Tune resume's ran last
+# while the other worker had nothing left. Only the order changes: every file still runs whole
+# in one worker, its tests in their written order; a file not listed keeps its place after
+# these. Rough CPU seconds of a serial run (2 cores, Dec 2026) in the comments.
+LONGEST_FILES_FIRST = (
+    "test_plugins.py",  # ~150
+    "test_faults.py",  # ~140
+    "test_cluster.py",  # ~100
+    "test_first_hour.py",  # ~70
+    "test_compare.py",  # ~60
+    "test_deadlines.py",  # ~55
+    "test_hostile_corpus.py",  # ~50
+    "test_scaffold_example.py",  # ~45
+    "test_tune_resume.py",  # ~45
+    "test_ray_integration.py",  # ~45
+    "test_resume.py",  # ~40
+    "test_tune.py",  # ~35
+    "test_device_paths.py",  # ~35
+    "test_cli_forks.py",  # ~30
+    "test_gpu_check.py",  # ~25
+    "test_async_time.py",  # ~25
+)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's reorder by test count
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: position for position, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
