@@ -186,6 +186,8 @@ def _resume_hint(run_dir: str | None) -> str:
 
     if not run_dir:
         return ""
+    if not os.path.isdir(run_dir):  # deleted under the run: a resume would have nothing
+        return f"; {run_dir} does not exist (any more), so there is nothing to resume from"
     from raysim.outputs.checkpoints import checkpoint_paths
 
     checkpoints = checkpoint_paths(Path(run_dir, "checkpoints"))
