@@ -73,14 +73,22 @@ def connect(runtime: RuntimeConfig, address: str | None = None) -> bool:
             raise RaysimError(_unreachable(address, error)) from None
     else:
         loopback_only(runtime)
-        context = ray.init(
-            num_cpus=runtime.num_cpus,
-            include_dashboard=runtime.dashboard,
-            dashboard_host=runtime.dashboard_host,
-            logging_level=logging.WARNING,
-            runtime_env=runtime_env,
-            _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
-        )
+        try:
+            context = ray.init(
+                num_cpus=runtime.num_cpus,
+                include_dashboard=runtime.dashboard,
+                dashboard_host=runtime.dashboard_host,
+                logging_level=logging.WARNING,
+                runtime_env=runtime_env,
+                _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
+            )
+        except Exception as error:
+            # Ray raises a bare Exception when its raylet does not register within its fixed
+            # 30 s (a machine whose cores are all busy); anything else keeps its traceback.
+            if STARTUP_TIMEOUT_TEXT not in str(error):
+                raise
+            ray.shutdown()  # the GCS and raylet it did start
+            raise RaysimError(_startup_timeout()) from None
     _CONNECTED_HERE.append(True)
     # ray.init returns a BaseContext (a RayContext, or a ClientContext for ray://): both
     # declare dashboard_url, None or empty when no dashboard runs.
@@ -89,6 +97,19 @@ def connect(runtime: RuntimeConfig, address: str | None = None) -> bool:
         print(f"Ray dashboard: http://{url}", flush=True)
     check_token_file()
     return True
+
+
+# What Ray's node start says when its raylet did not register with the GCS in time.
+STARTUP_TIMEOUT_TEXT = "timed out during startup"
+
+
+def _startup_timeout() -> str:
+    load = os.getloadavg()[0]
+    return (
+        "the local Ray did not start: its raylet did not register with its GCS within Ray's "
+        f"fixed 30 s (load average {load:.1f} on {os.cpu_count()} cores); retry when the "
+        "machine is less busy, or join a running Ray with --address"
+    )
 
 
 # Ray's switch for a local-only Ray (its default on macOS and Windows): the node's address is
