@@ -33,8 +33,9 @@ from pathlib import Path
 # Interpreter start-up settings a forked child applies itself; any other PYTHON* variable
 # that differs from the server's makes the call a plain subprocess. PYTHONBREAKPOINT is read
 # by sys.breakpointhook at each breakpoint(), not at start-up, so the child's environment
-# already governs it; ray.init sets it in the test process's environment, which before this
-# made every later CLI call of that process a plain subprocess (~3 s of imports each).
+# already governs it. ray.init sets it in the test process's environment; counted as a
+# start-up setting, it would make every later CLI call of that process a plain subprocess
+# (~3 s of imports each).
 _APPLIED_IN_CHILD = {"PYTHONWARNINGS", "PYTHONBREAKPOINT"}
 
 # Libraries a run imports lazily (the digits loader's scikit-learn, the curves' matplotlib,

@@ -3,6 +3,7 @@ nested task errors (their `cause`) and ordinary exception chains alike."""
 
 from __future__ import annotations
 
+import pytest
 from ray.exceptions import RayTaskError
 
 from raysim.errors import ConfigError
@@ -61,8 +62,6 @@ def _a_ray_start_that_fails(monkeypatch, error: Exception, calls: list[str]) -> 
 
 
 def test_a_local_ray_whose_raylet_never_registers_is_one_line_and_is_shut_down(monkeypatch):
-    import pytest
-
     from raysim.errors import RaysimError
 
     # Ray's own words (ray/_private/node.py), raised as a bare Exception after 30 s
@@ -82,7 +81,5 @@ def test_a_local_ray_whose_raylet_never_registers_is_one_line_and_is_shut_down(m
 
 
 def test_any_other_error_of_a_local_ray_start_keeps_its_traceback(monkeypatch):
-    import pytest
-
     with pytest.raises(ValueError, match="a bug"):
         _a_ray_start_that_fails(monkeypatch, ValueError("a bug"), [])
