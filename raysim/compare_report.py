@@ -199,9 +199,11 @@ EDGE_SHARE = 0.1
 def edge_findings(space: Mapping[str, Any], best_params: Mapping[str, Any]) -> list[str]:
     """One line per tuned hyperparameter whose winning value sits on an edge of its space:
     near the low or high end of a uniform / loguniform / randint range, or the lowest or
-    highest of three or more numeric choices (two choices have no inside)."""
+    highest of three or more numeric choice or grid values (two have no inside)."""
     findings = []
     for key, domain in space.items():
+        if isinstance(domain, list):  # a plain list is a grid
+            domain = {"grid": domain}
         if key not in best_params or not isinstance(domain, Mapping) or len(domain) != 1:
             continue
         (kind, values), value = next(iter(domain.items())), best_params[key]
@@ -221,11 +223,11 @@ def edge_findings(space: Mapping[str, Any], best_params: Mapping[str, Any]) -> l
             if share <= EDGE_SHARE or share >= 1 - EDGE_SHARE:
                 side = "low" if share <= EDGE_SHARE else "high"
                 findings.append(f"{key}={_short(value)} at the {side} edge of {kind} {values}")
-        elif kind == "choice":
+        elif kind in ("choice", "grid"):
             numeric = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
             if len(numeric) == len(values) >= 3 and value in (min(numeric), max(numeric)):
                 side = "lowest" if value == min(numeric) else "highest"
-                findings.append(f"{key}={_short(value)} is the {side} of choice {values}")
+                findings.append(f"{key}={_short(value)} is the {side} of {kind} {values}")
     return findings
 
 

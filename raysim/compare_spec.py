@@ -46,7 +46,7 @@ class Comparison:
     methods: tuple[Method, ...]
     metric: str
     mode: str
-    trials: int
+    trials: int  # per method: compare.trials x the points of each method's grid (equal)
     seeds: tuple[int, ...]
     report: tuple[str, ...]
     reference: str
@@ -109,6 +109,7 @@ def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparis
     mode = section.get("mode", "max")
     scenarios = _scenarios(raw.get("scenarios"), path)
     methods = []
+    grid_points: dict[str, int] = {}  # method -> points of its grid (1: no grid key)
     for name, entry in methods_raw.items():
         where = f"{path}: method '{name}'"
         if not isinstance(entry, dict) or set(entry) - {"set", "space", "base"}:
@@ -121,12 +122,7 @@ def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparis
                 f"{where}: 'space' must name at least one hyperparameter: every method gets "
                 f"{trials} trials of tuning, an untuned one would be compared unfairly"
             )
-        for key, domain in space.items():
-            if isinstance(domain, list) or (isinstance(domain, dict) and "grid" in domain):
-                raise ConfigError(
-                    f"{where}: space key {key} is a grid, which runs its own number of trials; "
-                    "use {choice: [...]} so every method gets the same budget"
-                )
+        grid_points[str(name)] = _grid_points(space, where)
         method_base = _config_path(path, entry["base"]) if "base" in entry else base_path
         config = config_module.load(method_base, [*shared, *_overrides(entry.get("set"), where)])
         for scenario, scenario_overrides in scenarios.items():
@@ -153,6 +149,12 @@ def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparis
                 tune_section[key] = section[key]
         spec = parse_spec(tune_section, config, source=where)
         methods.append(Method(str(name), config, spec))
+    if len(set(grid_points.values())) > 1:
+        points = ", ".join(f"{name} {count}" for name, count in grid_points.items())
+        raise ConfigError(
+            f"{path}: the methods' grids have different numbers of points ({points}); every "
+            "method must get the same budget: give each a grid of the same size (or none)"
+        )
     report = tuple(section.get("report", [metric.split("/", 1)[-1]]))
     reference = section.get("reference", methods[0].name)
     if reference not in {m.name for m in methods}:
@@ -162,9 +164,27 @@ def load_comparison(path: str | Path, overrides: Sequence[str] = ()) -> Comparis
         raise ConfigError(
             f"{path}: every method must run the same rounds (an equal budget); got {sorted(rounds)}"
         )
+    # A grid runs every point `trials` times (Ray Tune's num_samples), so the budget per method
+    # is trials x points, the same for every method (checked above).
+    budget = trials * next(iter(grid_points.values()))
     return Comparison(
-        tuple(methods), metric, mode, trials, tuple(seeds), report, reference, str(path), scenarios
+        tuple(methods), metric, mode, budget, tuple(seeds), report, reference, str(path), scenarios
     )
+
+
+def _grid_points(space: Mapping[str, Any], where: str) -> int:
+    """How many points a method's grid keys span together (1 without any). A grid is how a
+    comparison brackets a winner deterministically: every method runs all of its points."""
+    points = 1
+    for domain in space.values():
+        if isinstance(domain, list):
+            points *= len(domain)
+        elif isinstance(domain, dict) and "grid" in domain:
+            values = domain["grid"]
+            if not isinstance(values, list) or not values:
+                raise ConfigError(f"{where}: a grid must list at least one value, got {values!r}")
+            points *= len(values)
+    return points
 
 
 def _config_path(spec_path: Path, name: str) -> Path:

@@ -69,7 +69,11 @@ def _spec(tmp_path, **changes) -> str:
         ),
         (
             {"methods__fedprox": {"space": {"clients.lr": [0.01, 0.1, 0.3]}}},
-            "is a grid, which runs its own number of trials",
+            "grids have different numbers of points (fedavg 1, fedprox 3",
+        ),
+        (
+            {"methods__fedprox": {"space": {"clients.lr": {"grid": []}}}},
+            "a grid must list at least one value",
         ),
         (
             {
@@ -86,6 +90,23 @@ def _spec(tmp_path, **changes) -> str:
 def test_an_unfair_or_leaky_comparison_is_refused(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         load_comparison(_spec(tmp_path, **changes))
+
+
+def test_grids_of_the_same_size_are_an_equal_budget_of_trials_times_points(tmp_path):
+    spec = load_comparison(
+        _spec(
+            tmp_path,
+            methods={
+                "fedavg": {"space": {"clients.lr": [0.01, 0.1, 0.3],
+                                     "clients.momentum": {"choice": [0.0, 0.9]}}},
+                "fedprox": {"set": ["algorithm.name=fedprox"],
+                            "space": {"clients.lr": {"grid": [0.03, 0.1, 0.3]},
+                                      "algorithm.mu": {"loguniform": [0.001, 0.1]}}},
+            },
+        )
+    )  # fmt: skip
+    assert spec.trials == 2 * 3  # compare.trials samples of each of the 3 grid points
+    assert [m.spec.num_samples for m in spec.methods] == [2, 2]
 
 
 @pytest.mark.ray

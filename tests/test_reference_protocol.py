@@ -190,3 +190,7 @@ def test_the_edge_check_flags_winners_at_the_edge_of_their_space():
     assert "clients.local_epochs=5 at the high edge" in found[1]
     inside = edge_findings(space, {"clients.lr": 0.95, "algorithm.k": 0.7})
     assert inside == ["algorithm.k=0.7 is the highest of choice [0.3, 0.5, 0.7]"]
+    grids = {"clients.lr": [0.01, 0.1, 1.0], "algorithm.scale": {"grid": [0.5, 2.0, 8.0]}}
+    assert edge_findings(grids, {"clients.lr": 0.01, "algorithm.scale": 2.0}) == [
+        "clients.lr=0.01 is the lowest of grid [0.01, 0.1, 1.0]"
+    ]
