@@ -5,7 +5,9 @@
   counts) each match their own sequential training, and a client's batched result is the same
   bit for bit whatever chunk it shares (alone, in pairs, all together, padded slots);
 - batched Ray == batched local bit for bit for two packings of clients into tasks;
-- a method that cannot be batched trains sequentially after one notice line.
+- a method that cannot be batched trains sequentially after one notice line;
+- FedAwS and its baselines (one-class clients, each training theta and its own class row)
+  match their sequential updates, and a run does not depend on the chunk.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import REPO_ROOT
 from torch import nn
 
 from raysim.assembly import plan_run, run
 from raysim.core.algorithm import AlgorithmHooks
 from raysim.core.batched_training import ClientBatch, batched_updates, train_batched
+from raysim.core.clients import single_class_of_clients
 from raysim.core.server import build_algorithm
 from raysim.core.training import fresh_sgd, local_training, scheduled_lr
 from raysim.data.datasets import load_dataset
@@ -216,3 +220,96 @@ def test_batched_ray_equals_batched_local_for_two_packings(ray_session, digits_c
         )
         assert result.state.arrays["params"].tobytes() == expected, per_task
         assert result.summary["final"]["train_loss"] == local.summary["final"]["train_loss"]
+
+
+# --- FedAwS: one-class clients, theta and each client's own class row -------------------------
+
+FEDAWS_DIGITS = (  # configs/fedaws_fmnist.yaml's method on digits, a small MLP embedding
+    "data.name=digits",
+    "partition.num_clients=30",
+    "clients.per_round=10",
+    "model.hidden=[32]",
+    "model.embedding_dim=16",
+    "clients.local_epochs=2",
+    "clients.batch_size=16",
+    "clients.momentum=0.9",
+    "clients.weight_decay=0.001",
+    "algorithm.class_lr=0.3",  # not clients.lr: the row steps at its own rate
+    "runtime.backend=local",
+)
+
+
+def _fedaws_config(*overrides):
+    from raysim import config
+
+    return config.load(REPO_ROOT / "configs" / "fedaws_fmnist.yaml", [*FEDAWS_DIGITS, *overrides])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [(), ("algorithm.spreadout=none",), ("algorithm.train_class_embeddings=false",)],
+    ids=["fedaws", "baseline1", "baseline2"],
+)
+def test_fedaws_batched_updates_match_sequential(overrides):
+    config = _fedaws_config(*overrides)
+    dataset = load_dataset(config)
+    plan = plan_run(config, dataset)
+    ctx, split = plan.ctx, plan.split
+    algorithm = build_algorithm(ctx)
+    hooks = AlgorithmHooks.of(algorithm)
+    state = algorithm.init_server(ctx)
+    payload = algorithm.server_payload(state)
+    ids = np.array([0, 4, 9, 13, 22, 29])
+    classes = single_class_of_clients(dataset.train_y, split.indices, split.offsets)[ids]
+    personal = algorithm.client_payload(state, ids, classes)
+    batched = batched_updates(
+        ctx, hooks, payload, dataset.train_x, dataset.train_y, split.indices, split.offsets, 2,
+        ids, personal,
+    )  # fmt: skip
+    assert batched is not None
+    for position, update in enumerate(batched):
+        c = int(ids[position])
+        rows = split.indices[split.offsets[c] : split.offsets[c + 1]]
+        x = torch.from_numpy(dataset.train_x[rows])
+        y = torch.from_numpy(dataset.train_y[rows].astype(np.int64))
+        reference = algorithm.client_update(
+            (payload, personal[position]), x, y, c, client_generator(ctx.seed, 2, c), ctx
+        )
+        expected = reference.vector
+        dense = np.asarray(expected["dense"])
+        assert float(np.abs(update.vector["dense"] - dense).max()) <= TOLERANCE
+        assert float(np.abs(dense).max()) > 100 * TOLERANCE  # theta moved
+        assert set(update.vector) == set(expected)
+        if "row" in expected:
+            assert update.vector["class"] == expected["class"] == int(classes[position])
+            assert float(np.abs(update.vector["row"] - expected["row"]).max()) <= TOLERANCE
+        assert update.num_samples == reference.num_samples
+        assert update.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=1e-5)
+
+
+def test_fedaws_batched_runs_do_not_depend_on_the_chunk_and_match_sequential(tmp_path):
+    states = {}
+    for mode in ("false", "true-1", "true-4"):
+        batched, _, chunk = mode.partition("-")
+        extra = [f"clients.batched={batched}"] + ([f"clients.batch_chunk={chunk}"] if chunk else [])
+        config = _fedaws_config("run.rounds=2", "run.eval_every=2", *extra)
+        states[mode] = run(config, tmp_path / mode, progress=False, tensorboard=False).state
+    for key in ("params", "class_embeddings"):
+        one, four = (states[m].arrays[key] for m in ("true-1", "true-4"))
+        assert one.tobytes() == four.tobytes(), key
+        difference = np.abs(states["false"].arrays[key] - four).max()
+        assert float(difference) <= 10 * TOLERANCE, key
+
+
+def test_fedaws_with_an_embedding_bag_falls_back_with_one_line(tmp_path, capsys):
+    devices._NOTICES.clear()
+    from test_fedaws import tiny_config
+
+    config = tiny_config(run__rounds=1, clients__batched=True)
+    run(config, tmp_path / "bag", progress=False, tensorboard=False)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "clients.batched" in line]
+    assert lines == [
+        "raysim: notice: clients.batched: algorithm 'fedaws': an embedding-bag model trains a "
+        "per-client table of the rows it touches; training clients one at a time "
+        "(docs/BATCHED.md)"
+    ]

@@ -54,7 +54,9 @@ class ClientBatch:
 
     `rows`: the rows every padded batch holds (min(batch_size, the split's largest client)).
     `slots`: the number of clients every vmapped call holds on a GPU (None: as many as the
-    chunk has, on the CPU, where kernels do not change with the count)."""
+    chunk has, on the CPU, where kernels do not change with the count).
+    `personal`: each client's personal payload (the algorithm's `client_payload`; FedAwS: its
+    own class row), None when the algorithm sends none."""
 
     client_ids: tuple[int, ...]
     xs: tuple[torch.Tensor, ...]
@@ -62,6 +64,7 @@ class ClientBatch:
     generators: tuple[torch.Generator, ...]
     rows: int
     slots: int | None = None
+    personal: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.client_ids)
@@ -212,11 +215,20 @@ def train_batched(
     weight_decay: float = 0.0,
     proximal_mu: float = 0.0,
     lr_schedule: str = "constant",
-    sample_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = sample_cross_entropy,
+    sample_loss: Callable[..., torch.Tensor] = sample_cross_entropy,
     device: torch.device | None = None,
+    extra_width: int = 0,
+    extra_lr: float | Sequence[float] | None = None,
 ) -> tuple[np.ndarray, list[float]]:
     """Train `batch`'s clients together from `starts` (one flat model vector each); returns
     the trained vectors (float32, one row per client, in order) and each client's mean loss.
+
+    `extra_width` > 0: each start row ends with that many more trainable values that are not
+    the model's (FedAwS: the client's class row), passed to the loss as a third argument,
+    `sample_loss(outputs, targets, extra)` (one client's [extra_width] vector), and stepped by
+    the same SGD with their own constant rate `extra_lr` (one for all or one per client; a
+    second parameter group of the sequential optimizer). They come back at the end of each
+    trained row.
 
     The twin of `local_training` with `fresh_sgd`: every step's loss is the client's mean of
     `sample_loss(outputs, targets)` over its batch's real rows, plus 0.5 * proximal_mu *
@@ -231,9 +243,15 @@ def train_batched(
     count = len(batch)
     slots = max(count, batch.slots or 0)
     sizes = [len(y) for y in batch.ys]
-    base_lrs = [float(lr)] * count if isinstance(lr, (int, float)) else [float(v) for v in lr]
+    base_lrs = _per_client(lr, count)
     if len(starts) != count or len(base_lrs) != count:
         raise ValueError(f"{len(starts)} starts and {len(base_lrs)} rates for {count} clients")
+    extra_lrs = None
+    if extra_width:
+        if extra_lr is None or lr_schedule != "constant":
+            raise ValueError("extra parameters need extra_lr and a constant lr_schedule")
+        extra_lrs = torch.zeros(slots, dtype=torch.float32)
+        extra_lrs[:count] = torch.tensor(_per_client(extra_lr, count), dtype=torch.float32)
     if any(n != len(x) for n, x in zip(sizes, batch.xs, strict=True)):
         raise ValueError("every client needs as many labels as rows")
     if max(sizes, default=0) and batch.rows < min(batch_size, max(sizes)):
@@ -262,6 +280,14 @@ def train_batched(
         size = shapes[name].numel()
         params[name] = stacked[:, offset : offset + size].reshape(slots, *shapes[name].shape)
         offset += size
+    if offset + extra_width != stacked.shape[1]:
+        raise ValueError(
+            f"start rows of {stacked.shape[1]} values for a model of {offset} and "
+            f"{extra_width} extra"
+        )
+    if extra_width:
+        params[EXTRA] = stacked[:, offset:]
+        extra_lrs = extra_lrs.to(device)
     anchors = {name: value.clone() for name, value in params.items()} if proximal_mu else None
     step_fn = _step_function(model, names, sample_loss, proximal_mu)
     buffers: dict[str, torch.Tensor] | None = None
@@ -278,9 +304,9 @@ def train_batched(
             grads, loss = step_fn(params, anchors, x, y, weight[step], counts[step])
         losses[step] = loss.detach().float().cpu()
         params, buffers = _sgd_step(
-            params, grads, buffers, active[step], rates[step], momentum, weight_decay
+            params, grads, buffers, active[step], rates[step], momentum, weight_decay, extra_lrs
         )
-    trained = torch.cat([params[name].reshape(slots, -1) for name in names], dim=1)
+    trained = torch.cat([params[name].reshape(slots, -1) for name in params], dim=1)
     trained = trained[:count].detach().cpu().numpy().astype(np.float32, copy=False)
     step_losses = losses.double().numpy()
     means = []
@@ -293,6 +319,13 @@ def train_batched(
     return trained, means
 
 
+EXTRA = "\0extra"  # the key of the extra parameters among the stacked ones (no module's name)
+
+
+def _per_client(value: float | Sequence[float], count: int) -> list[float]:
+    return [float(value)] * count if isinstance(value, (int, float)) else [float(v) for v in value]
+
+
 def _step_function(model, names, sample_loss, proximal_mu):
     """vmap(grad_and_value) of one client's step loss over the clients axis."""
 
@@ -301,22 +334,29 @@ def _step_function(model, names, sample_loss, proximal_mu):
             anchors, x, y, weight, count = rest
         else:
             x, y, weight, count = rest
-        outputs = torch.func.functional_call(model, params, (x,))
-        loss = (sample_loss(outputs.float(), y) * weight).sum() / count
+        model_params = {n: params[n] for n in names}
+        outputs = torch.func.functional_call(model, model_params, (x,))
+        if EXTRA in params:
+            samples = sample_loss(outputs.float(), y, params[EXTRA])
+        else:
+            samples = sample_loss(outputs.float(), y)
+        loss = (samples * weight).sum() / count
         if proximal_mu:
-            # The sequential loop's proximal term, tensor by tensor in the same order.
-            proximal = sum(((params[n] - anchors[n]) ** 2).sum() for n in names)
+            # The sequential loop's proximal term, tensor by tensor in the same order (the
+            # optimizer's parameters: the model's, then the extra ones).
+            proximal = sum(((params[n] - anchors[n]) ** 2).sum() for n in params)
             loss = loss + 0.5 * proximal_mu * proximal
         return loss
 
     return torch.func.vmap(torch.func.grad_and_value(loss_of), randomness="error")
 
 
-def _sgd_step(params, grads, buffers, active, rates, momentum, weight_decay):
+def _sgd_step(params, grads, buffers, active, rates, momentum, weight_decay, extra_rates=None):
     """LeanSGD's step on the stacked clients, then the mask: a client not taking this step
     keeps its parameters and momentum exactly. No alpha= arguments: those run as fused
     multiply-adds in torch's vector kernels but not in their scalar tails, so an element's
-    rounding would depend on its position in the stacked tensor, i.e. on the chunk."""
+    rounding would depend on its position in the stacked tensor, i.e. on the chunk. The extra
+    parameters (if any) step at `extra_rates`, the rest at `rates`."""
     new_params, new_buffers = {}, {}
     everyone = bool(active.all())  # most steps: no mask needed (where would pick the new value)
     for name, param in params.items():
@@ -333,7 +373,8 @@ def _sgd_step(params, grads, buffers, active, rates, momentum, weight_decay):
                 buffer = buffer if everyone else torch.where(keep, buffer, buffers[name])
             new_buffers[name] = buffer
             grad = buffer
-        stepped = param - grad * rates.view(shape)
+        rate = extra_rates if name == EXTRA else rates
+        stepped = param - grad * rate.view(shape)
         new_params[name] = stepped if everyone else torch.where(keep, stepped, param)
     return new_params, (new_buffers if momentum != 0 else None)
 
@@ -348,12 +389,11 @@ def batching_refusal(ctx, hooks) -> str | None:
 
     An algorithm opts in with `batched_client_updates(payload, batch, ctx)` and may refuse
     for one configuration with `batching_problem(ctx) -> reason | None` (resolved once in
-    AlgorithmHooks). In-task reducers and personal payloads (FedAwS) have no batched path."""
+    AlgorithmHooks). Personal payloads reach it in `ClientBatch.personal`, and an in-task
+    reducer folds the batched updates as it folds sequential ones."""
     name = ctx.config.algorithm.name
     if hooks.batched_client_updates is None:
         return f"algorithm '{name}' has no batched client path"
-    if hooks.reduces_in_task or hooks.client_payload is not None:
-        return f"algorithm '{name}' reduces in the task or sends personal payloads"
     problem = hooks.batching_problem(ctx) if hooks.batching_problem is not None else None
     return f"algorithm '{name}': {problem}" if problem else None
 
@@ -368,10 +408,12 @@ def batched_updates(
     offsets: np.ndarray,
     round_index: int,
     client_ids: Sequence[int],
+    personal_payloads: Sequence | None = None,
 ) -> list | None:
     """The task's clients trained `clients.batch_chunk` at a time through the algorithm's
     `batched_client_updates`: one update per client, in order; None (after a one-line notice,
-    once per process) when the run cannot batch, and the caller trains them one by one."""
+    once per process) when the run cannot batch, and the caller trains them one by one.
+    `personal_payloads`: one per client of `client_ids` (ClientBatch.personal), or None."""
     from raysim.models.devices import client_device, notice_once
     from raysim.seeds import client_generator
 
@@ -395,6 +437,7 @@ def batched_updates(
             generators=tuple(client_generator(ctx.seed, round_index, c) for c in ids),
             rows=rows,
             slots=slots,
+            personal=None if personal_payloads is None else tuple(personal_payloads[i] for i in run),
         )
         produced = list(hooks.batched_client_updates(payload, batch, ctx))
         if [int(u.client_id) for u in produced] != list(ids):

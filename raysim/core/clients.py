@@ -72,7 +72,16 @@ def train_clients(
         batched = None
         if ctx.config.clients.batched:
             batched = batched_updates(
-                ctx, hooks, payload, train_x, train_y, indices, offsets, round_index, client_ids
+                ctx,
+                hooks,
+                payload,
+                train_x,
+                train_y,
+                indices,
+                offsets,
+                round_index,
+                client_ids,
+                personal_payloads,
             )
         for position, client_id in enumerate(client_ids):
             client_id = int(client_id)
