@@ -24,8 +24,9 @@ from raysim.algorithms.fedaws_wire import Broadcast, forget_payload, next_client
 from raysim.config import MAX_LEARNING_RATE
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
+from raysim.core.batched_training import model_problem, train_batched
 from raysim.core.fixed_point import FIXED_SCALE
-from raysim.core.state import ServerState
+from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import local_training
 from raysim.errors import ConfigError
 from raysim.metrics.xml import mean_pairwise_cosine, precision_at_k
@@ -186,6 +187,58 @@ class ClassEmbeddingMethod:
             loss_fn=loss_fn,
             optimizer=optimizer,
             device=x.device,
+        )
+
+    # --- batched clients (clients.batched; raysim.core.batched_training) --------------------------
+    def batching_problem(self, ctx: RunContext) -> str | None:
+        """Why this run's clients cannot train batched, or None. A method's
+        `batched_client_updates` reproduces the `client_update` of the class that defines it;
+        a subclass that overrides `client_update` below it trains one client at a time. A
+        model with an embedding bag trains a table of the feature rows each client touches,
+        of a different size per client, so it is not batched either."""
+        classes = type(self).__mro__
+        definer = next(c for c in classes if "batched_client_updates" in vars(c))
+        updater = next(c for c in classes if "client_update" in vars(c))
+        if classes.index(updater) < classes.index(definer):
+            return f"{type(self).__name__} overrides client_update"
+        model = cached_model(ctx, client_device(ctx))
+        if layout_of(model).bag is not None:
+            return "an embedding-bag model trains a per-client table of the rows it touches"
+        return model_problem(model, ctx.input_shape)
+
+    def _train_batched(self, broadcast: Broadcast, batch, ctx: RunContext, extras, extra_lr, loss):
+        """Train a chunk of clients from theta plus each one's `extras` (its own values beside
+        theta, stepped at `extra_lr`; `loss(embeddings, targets, extra)` per sample).
+        Returns (theta, trained rows [theta | extra] per client, mean losses)."""
+        clients = ctx.config.clients
+        device = client_device(ctx)
+        theta = np.asarray(broadcast.theta, dtype=np.float32)
+        trained, losses = train_batched(
+            cached_model(ctx, device),
+            [np.concatenate([theta, extra.ravel()]) for extra in extras],
+            batch,
+            lr=clients.lr,
+            batch_size=clients.batch_size,
+            epochs=clients.local_epochs,
+            momentum=clients.momentum,
+            weight_decay=clients.weight_decay,
+            sample_loss=loss,
+            device=device,
+            extra_width=extras[0].size if len(extras) else 0,
+            extra_lr=extra_lr,
+        )
+        return theta, trained, losses
+
+    @staticmethod
+    def _batched_update(client_id: int, y, message: dict, loss: float) -> ClientUpdate:
+        """A batched client's update. Its dense delta is trained minus theta element by element
+        in float32, as `layout.dense_delta` computes it (theta is all dense without a bag)."""
+        return ClientUpdate(
+            client_id=client_id,
+            num_samples=len(y),
+            vector=message,
+            # the sequential loop's loss without steps is 0.0, train_batched's NaN
+            metrics={"loss": loss if len(y) else 0.0},
         )
 
     # --- exact reduction (raysim.algorithms.fedaws_reduce) ----------------------------------------

@@ -46,13 +46,12 @@ from raysim.algorithms.fedaws_wire import Broadcast, ClassRow, theta_message
 from raysim.algorithms.spreadout import DISTANCES
 from raysim.config import MAX_LEARNING_RATE
 from raysim.core.algorithm import RunContext
+from raysim.core.batched_training import ClientBatch
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.errors import ConfigError
 from raysim.index.base import server_threads
-from raysim.core.batched_training import ClientBatch, model_problem, train_batched
-from raysim.models.devices import client_device, server_device, to_numpy
-from raysim.models.layout import layout_of
-from raysim.models.vector import build_model, cached_model
+from raysim.models.devices import server_device, to_numpy
+from raysim.models.vector import build_model
 
 SPREADOUT_MODES = ("topk", "full", "none")
 # The spreadout step is lambda x spreadout_lr x gradient; beyond these the class rows turn
@@ -191,70 +190,30 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
             metrics={"loss": mean_loss},
         )
 
-    # --- batched clients (clients.batched; raysim.core.batched_training) ---------------------------
-    def batching_problem(self, ctx: RunContext) -> str | None:
-        """Why this run's clients cannot train batched, or None. The batched twin below
-        reproduces `client_update` for a model without an embedding bag: a bag model trains a
-        table of the feature rows each client touches, of a different size per client."""
-        own = [
-            name
-            for name in ("client_update", "batched_client_updates")
-            if getattr(type(self), name) is not getattr(FedAwS, name)
-        ]
-        if own:
-            return f"{type(self).__name__} overrides {' and '.join(own)}"
-        model = cached_model(ctx, client_device(ctx))
-        if layout_of(model).bag is not None:
-            return "an embedding-bag model trains a per-client table of the rows it touches"
-        return model_problem(model, ctx.input_shape)
-
+    # --- batched clients (clients.batched; raysim.core.batched_training) --------------------------
     def batched_client_updates(self, payload, batch: ClientBatch, ctx: RunContext) -> list:
         """`client_update` for a chunk of one-class clients at once: theta and each client's
         own class row trained together (the row at class_lr; held fixed, at rate 0, when
         class embeddings are not trained), each client's loss the positive loss against its
         own row."""
-        clients = ctx.config.clients
-        device = client_device(ctx)
-        theta = np.asarray(payload.theta, dtype=np.float32)
         rows = [np.asarray(sent, dtype=np.float32) for sent in batch.personal]
-        starts = [np.concatenate([theta, row]) for row in rows]
         margin = self.positive_margin
 
         def sample_loss(embeddings, _targets, row):
             unit_row = row / row.norm().clamp_min(1e-12)
             return torch.relu(margin - embeddings @ unit_row).pow(2)
 
-        trained, losses = train_batched(
-            cached_model(ctx, device),
-            starts,
-            batch,
-            lr=clients.lr,
-            batch_size=clients.batch_size,
-            epochs=clients.local_epochs,
-            momentum=clients.momentum,
-            weight_decay=clients.weight_decay,
-            sample_loss=sample_loss,
-            device=device,
-            extra_width=rows[0].shape[0] if rows else 0,
-            extra_lr=(self.class_lr or clients.lr) if self.train_class_embeddings else 0.0,
+        rate = self.class_lr or ctx.config.clients.lr
+        theta, trained, losses = self._train_batched(
+            payload, batch, ctx, rows, rate if self.train_class_embeddings else 0.0, sample_loss
         )
         updates = []
         for i, client_id in enumerate(batch.client_ids):
-            # theta's dense part is all of theta here (no bag): the delta is the trained minus
-            # the start, element by element in float32, as layout.dense_delta computes it
             message = {"dense": trained[i, : len(theta)] - theta}
             if self.train_class_embeddings:
                 message["class"] = int(batch.ys[i][0]) if len(batch.ys[i]) else -1
                 message["row"] = normalize_rows(trained[i, None, len(theta) :])[0]
-            updates.append(
-                ClientUpdate(
-                    client_id=client_id,
-                    num_samples=len(batch.ys[i]),
-                    vector=message,
-                    # the sequential loop's loss without steps is 0.0 (FedAwS clients hold data)
-                    metrics={"loss": losses[i] if len(batch.ys[i]) else 0.0},
-                )
-            )
+            updates.append(self._batched_update(client_id, batch.ys[i], message, losses[i]))
         return updates
 
     # --- server update ----------------------------------------------------------------------------

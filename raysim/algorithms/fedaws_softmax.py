@@ -92,6 +92,31 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
             metrics={"loss": mean_loss},
         )
 
+    def batched_client_updates(self, payload: Broadcast, batch, ctx: RunContext) -> list:
+        """`client_update` for a chunk of clients at once: theta and each client's copy of W
+        trained together (W at class_lr), each client's loss the full softmax."""
+        start_classes = np.asarray(payload.classes, dtype=np.float32)
+        shape, scale = start_classes.shape, self.scale
+
+        def sample_loss(embeddings, targets, classes):
+            classes = classes.reshape(shape)
+            unit = classes / classes.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            return nn.functional.cross_entropy(
+                scale * embeddings @ unit.T, targets, reduction="none"
+            )
+
+        rate = self.class_lr or ctx.config.clients.lr
+        extras = [start_classes] * len(batch)
+        theta, trained, losses = self._train_batched(payload, batch, ctx, extras, rate, sample_loss)
+        updates = []
+        for i, client_id in enumerate(batch.client_ids):
+            message = {
+                "dense": trained[i, : len(theta)] - theta,
+                "classes": trained[i, len(theta) :].reshape(shape) - start_classes,
+            }
+            updates.append(self._batched_update(client_id, batch.ys[i], message, losses[i]))
+        return updates
+
     def server_update(
         self, state: ServerState, aggregate: dict, ctx: RunContext
     ) -> tuple[ServerState, dict[str, float]]:

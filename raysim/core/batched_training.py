@@ -437,7 +437,9 @@ def batched_updates(
             generators=tuple(client_generator(ctx.seed, round_index, c) for c in ids),
             rows=rows,
             slots=slots,
-            personal=None if personal_payloads is None else tuple(personal_payloads[i] for i in run),
+            personal=(
+                None if personal_payloads is None else tuple(personal_payloads[i] for i in run)
+            ),
         )
         produced = list(hooks.batched_client_updates(payload, batch, ctx))
         if [int(u.client_id) for u in produced] != list(ids):
