@@ -22,7 +22,12 @@ each repetition (which goes first rotates) and every size is repeated `--repeats
 their ratio survives a machine whose load drifts; the table gives medians over repetitions.
 
     python benchmarks/scale_clients.py --per-round 10 100 1000 10000 [--repeats 3]
-                                       [--rounds 4] [--out FILE]
+                                       [--rounds 4] [--method fedavg|fedaws] [--out FILE]
+
+`--method fedaws` measures FedAwS's one-class clients instead (FedAwS's cross-device setting:
+the same synthetic data in min(100, clients a round) classes, `partition.name=one_class`, an
+MLP embedding 16-64-16, spreadout over the top 10 classes, each client training theta and its
+own class row).
 """
 
 from __future__ import annotations
@@ -88,7 +93,25 @@ def one_size(num_clients: int, samples_per_client: int, num_cpus: int | None) ->
     }
 
 
-def per_round_config(per_round: int, samples_per_client: int, rounds: int, batched: bool):
+def fedaws_overrides(per_round: int) -> list[str]:
+    """--method fedaws: one-class clients of min(100, clients) classes (every class needs a
+    client), an MLP embedding, spreadout over the top 10 (fewer with fewer classes)."""
+    classes = min(100, per_round)
+    k = min(10, classes - 2)
+    return [
+        f"data.num_classes={classes}",
+        "partition.name=one_class",
+        "model.name=mlp_embedding",
+        "model.embedding_dim=16",
+        f"algorithm={{name: fedaws, spreadout: topk, k: {k}, class_lr: 0.1, spreadout_lr: 0.01}}",
+        "server.optimizer=adam",
+        "server.lr=0.003",
+    ]
+
+
+def per_round_config(
+    per_round: int, samples_per_client: int, rounds: int, batched: bool, method: str = "fedavg"
+):
     from raysim import config as config_module
 
     overrides = [
@@ -109,6 +132,8 @@ def per_round_config(per_round: int, samples_per_client: int, rounds: int, batch
         f"run.checkpoint_every={rounds}",
         "runtime.backend=local",
     ]
+    if method == "fedaws":
+        overrides += fedaws_overrides(per_round)
     return config_module.from_dict({}, overrides)
 
 
@@ -120,7 +145,8 @@ def round_seconds(config, warmup: int) -> tuple[float, float]:
         result = run(config, out, progress=False, tensorboard=False)
         elapsed = [json.loads(line)["elapsed_s"] for line in open(Path(out) / "metrics.jsonl")]
     seconds = np.diff([0.0, *elapsed])[warmup:]
-    return float(statistics.median(seconds)), float(result.summary["final"]["accuracy"])
+    final = result.summary["final"]
+    return float(statistics.median(seconds)), float(final.get("accuracy", final.get("p@1")))
 
 
 def per_round_table(args) -> int:
@@ -136,7 +162,7 @@ def per_round_table(args) -> int:
             modes = ["sequential", "batched"] if rep % 2 == 0 else ["batched", "sequential"]
             for mode in modes:
                 config = per_round_config(
-                    per_round, args.samples_per_client, args.rounds, mode == "batched"
+                    per_round, args.samples_per_client, args.rounds, mode == "batched", args.method
                 )
                 with contextlib.redirect_stdout(io.StringIO()):  # the run's header line
                     seconds, accuracy[mode] = round_seconds(config, warmup)
@@ -159,8 +185,13 @@ def per_round_table(args) -> int:
         )
     print(
         f"\nseconds per round (median of {args.repeats} repetitions, each the median of rounds "
-        f"{warmup + 1}..{args.rounds}), local backend, MLP 16-64-10, "
-        f"{args.samples_per_client} samples a client, 1 epoch, batch 16"
+        f"{warmup + 1}..{args.rounds}), local backend, "
+        + (
+            "FedAwS, one-class clients of min(100, clients) classes, MLP embedding 16-64-16, "
+            if args.method == "fedaws"
+            else "FedAvg, MLP 16-64-10, "
+        )
+        + f"{args.samples_per_client} samples a client, 1 epoch, batch 16"
     )
     print(
         f"{'clients/round':>14}{'sequential s':>14}{'batched s':>11}{'batched/seq':>13}"
@@ -172,11 +203,22 @@ def per_round_table(args) -> int:
             f"{row['batched_round_s']:>11.4f}{row['batched_over_sequential']:>13.2f}"
             f"{row['accuracy']['sequential']:>9.4f}{row['accuracy']['batched']:>9.4f}"
         )
-    out = args.out if args.out != DEFAULT_OUT else "benchmarks/results/scale_clients_per_round.json"
+    suffix = "" if args.method == "fedavg" else f"_{args.method}"
+    out = (
+        args.out
+        if args.out != DEFAULT_OUT
+        else f"benchmarks/results/scale_clients_per_round{suffix}.json"
+    )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(
         json.dumps(
-            {"rounds": args.rounds, "warmup": warmup, "repeats": args.repeats, "rows": rows},
+            {
+                "method": args.method,
+                "rounds": args.rounds,
+                "warmup": warmup,
+                "repeats": args.repeats,
+                "rows": rows,
+            },
             indent=2,
         )
         + "\n"
@@ -204,6 +246,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=3, help="with --per-round (3)")
     parser.add_argument("--rounds", type=int, default=4, help="with --per-round (4, 1 warm-up)")
+    parser.add_argument(
+        "--method",
+        choices=["fedavg", "fedaws"],
+        default="fedavg",
+        help="with --per-round: FedAvg's clients (default) or FedAwS's one-class clients",
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.per_round:
