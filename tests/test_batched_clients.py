@@ -320,3 +320,67 @@ def test_fedaws_with_an_embedding_bag_falls_back_with_one_line(tmp_path, capsys)
         "per-client table of the rows it touches; training clients one at a time "
         "(docs/BATCHED.md)"
     ]
+
+
+# --- FRL: supermask clients, batched on a GPU ---------------------------------------------------
+
+
+@pytest.mark.parametrize("mask_by_abs", [False, True])
+@pytest.mark.parametrize("k", [0.5, 0.3, 1.0])
+def test_batched_top_k_masks_equal_the_one_client_mask(k, mask_by_abs):
+    from raysim.models.supermask import top_k_mask, top_k_masks
+
+    rng = np.random.default_rng(1)
+    scores = torch.from_numpy(rng.integers(-3, 4, size=(5, 7, 6)).astype(np.float32))  # ties
+    scores[1] = torch.from_numpy(rng.standard_normal((7, 6)).astype(np.float32))
+    scores[2] = 0.0  # every score tied
+    scores[3, 0, :3] = -0.0
+    masks = top_k_masks(scores, k, mask_by_abs)
+    for client in range(len(scores)):
+        expected = top_k_mask(scores[client], k, mask_by_abs)
+        assert torch.equal(masks[client], expected), client
+
+
+def test_frl_batched_rankings_match_sequential_and_a_cpu_trains_one_at_a_time():
+    from raysim import config
+
+    cfg = config.load(
+        REPO_ROOT / "configs" / "frl_digits.yaml",
+        ["runtime.backend=local", "model.hidden=[64]", "clients.batched=true"],
+    )
+    dataset = load_dataset(cfg)
+    plan = plan_run(cfg, dataset)
+    ctx, split = plan.ctx, plan.split
+    algorithm = build_algorithm(ctx)
+    assert algorithm.batching_problem(ctx) == (
+        "supermask clients are slower batched than one at a time on a CPU"
+    )
+    state = algorithm.init_server(ctx)
+    state.round = 2  # lr_decay: a round other than 0
+    payload = algorithm.server_payload(state)
+    ids = (0, 3, 5, 42)
+    rows = [split.indices[split.offsets[c] : split.offsets[c + 1]] for c in ids]
+    xs = [torch.from_numpy(dataset.train_x[r]) for r in rows]
+    ys = [torch.from_numpy(dataset.train_y[r].astype(np.int64)) for r in rows]
+    empty = (torch.zeros((0, *xs[0].shape[1:])), torch.zeros(0, dtype=torch.int64))
+    batch = ClientBatch(
+        client_ids=(*ids, 99),
+        xs=(*xs, empty[0]),
+        ys=(*ys, empty[1]),
+        generators=tuple(client_generator(ctx.seed, 2, c) for c in (*ids, 99)),
+        rows=cfg.clients.batch_size,
+    )
+    batched = algorithm.batched_client_updates(payload, batch, ctx)
+    for position, update in enumerate(batched):
+        c = batch.client_ids[position]
+        generator = client_generator(ctx.seed, 2, c)
+        x, y = batch.xs[position], batch.ys[position]
+        reference = algorithm.client_update(payload, x, y, c, generator, ctx)
+        if not len(y):  # votes for the global ranking, as sequentially
+            assert np.array_equal(update.vector, reference.vector)
+            continue
+        # Scores that agree to float rounding: only near-tied edges swap places
+        differing = update.vector != reference.vector
+        assert differing.mean() < 1e-3, c
+        assert int(np.abs(update.vector - reference.vector).max()) <= 3, c
+        assert update.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=1e-5)

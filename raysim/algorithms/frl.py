@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from raysim.core.algorithm import RunContext
+from raysim.core.batched_training import train_batched
 from raysim.core.codecs import VectorLayout
 from raysim.core.rankcodec import pack, unpack
 from raysim.core.state import ClientUpdate, ServerState
@@ -51,7 +52,7 @@ from raysim.core.training import (
 from raysim.errors import ConfigError
 from raysim.metrics import evaluate_classifier
 from raysim.models.devices import client_device, server_device
-from raysim.models.supermask import WEIGHT_INITS, Supernet, cached_supernet
+from raysim.models.supermask import WEIGHT_INITS, Supernet, cached_supernet, top_k_masks
 from raysim.seeds import model_init_seed
 
 # --- the math, as pure functions -----------------------------------------------------------------
@@ -299,6 +300,81 @@ class FRL:
             before_step=before_step,
             device=x.device,
         )
+
+    # --- batched clients (clients.batched; raysim.core.batched_training) ------------------------
+    def batching_problem(self, ctx: RunContext) -> str | None:
+        """Why this run's clients cannot train batched, or None: the batched twin below
+        reproduces `client_update` and `train_locally` as written here. It batches on a GPU
+        only (clients.num_gpus)."""
+        own = [
+            name
+            for name in ("client_update", "train_locally")
+            if getattr(type(self), name) is not getattr(FRL, name)
+        ]
+        if own:
+            return f"{type(self).__name__} overrides {' and '.join(own)}"
+        if client_device(ctx).type == "cpu":
+            # A client's step is arithmetic over every score (the top-k threshold, the SGD
+            # step), not launch overhead, and the sequential path finds the threshold in a
+            # window around the last one (ThresholdHint) where the batched one selects over all
+            # scores: frl_digits, 6 clients, 0.35 s batched vs 0.20 s one at a time.
+            return "supermask clients are slower batched than one at a time on a CPU"
+        return None
+
+    def batched_client_updates(self, payload: dict, batch, ctx: RunContext) -> list:
+        """`client_update` for a chunk of clients at once: every client's scores start from
+        the global ranking's and train by edge-popup in one vmapped step for all (each
+        layer's top-k mask computed for every client before the step, exactly as
+        `top_k_mask`, and passed straight through); then each client's rankings."""
+        device = client_device(ctx)
+        supernet = self.supernet(ctx, device)
+        global_rankings = round_rankings(payload["rankings"], supernet)
+        round_index = int(np.asarray(payload["round"]).reshape(-1)[0])
+        clients = ctx.config.clients
+        start = torch.cat([s.reshape(-1) for s in global_rankings.scores]).cpu().numpy()
+        names = [name for name, _ in supernet.model.named_parameters()]  # the layers' scores
+        layers = dict(zip(names, supernet.layers, strict=True))
+
+        def masks(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {
+                name.rsplit(".", 1)[0] + ".given_mask" if "." in name else "given_mask": (
+                    top_k_masks(params[name], layer.k, layer.mask_by_abs)
+                )
+                for name, layer in layers.items()
+            }
+
+        trained, losses = train_batched(
+            supernet.model,
+            [start] * len(batch),
+            batch,
+            lr=clients.lr * self.lr_decay**round_index,
+            batch_size=clients.batch_size,
+            epochs=clients.local_epochs,
+            momentum=clients.momentum,
+            weight_decay=clients.weight_decay,
+            lr_schedule=self.lr_schedule,
+            device=device,
+            trainable=names,
+            step_inputs=masks,
+        )
+        updates = []
+        for i, client_id in enumerate(batch.client_ids):
+            if len(batch.ys[i]):
+                rankings = [
+                    ranking_of(layer) for layer in split_layers(trained[i], self.layer_sizes(ctx))
+                ]
+            else:  # nothing to learn from: vote for the current global ranking
+                rankings = global_rankings.rankings
+            positions = np.concatenate([positions_of(ranking) for ranking in rankings])
+            updates.append(
+                ClientUpdate(
+                    client_id=client_id,
+                    num_samples=len(batch.ys[i]),
+                    vector=positions,
+                    metrics={"loss": losses[i]},
+                )
+            )
+        return updates
 
     # --- client --------------------------------------------------------------------------------
     def client_update(

@@ -219,6 +219,8 @@ def train_batched(
     device: torch.device | None = None,
     extra_width: int = 0,
     extra_lr: float | Sequence[float] | None = None,
+    trainable: Sequence[str] | None = None,
+    step_inputs: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
 ) -> tuple[np.ndarray, list[float]]:
     """Train `batch`'s clients together from `starts` (one flat model vector each); returns
     the trained vectors (float32, one row per client, in order) and each client's mean loss.
@@ -230,13 +232,20 @@ def train_batched(
     second parameter group of the sequential optimizer). They come back at the end of each
     trained row.
 
+    `trainable`: the names of the model's tensors each client trains (default: every floating
+    tensor of its state dict), in the order of a start row; the others stay the module's own,
+    shared by every client (FRL: the scores are trained, the supernet's weights are shared).
+    `step_inputs(params)`: more per-client tensors for the model, computed before every step
+    from the stacked current values outside the autograd graph and passed to it by name with
+    them (FRL: each layer's top-k mask, `given_mask`).
+
     The twin of `local_training` with `fresh_sgd`: every step's loss is the client's mean of
     `sample_loss(outputs, targets)` over its batch's real rows, plus 0.5 * proximal_mu *
     sum ||p - p_0||^2; then weight decay, momentum (the first step's buffer is the gradient)
     and p <- p - lr * buf. A client's mean loss is the float sum of its steps' losses over its
     steps, NaN for a client without samples. `lr`: the round's base rate, one for all or one
     per client. `model` gives the architecture only; its values are not read or changed."""
-    names = _parameter_names(model)
+    names = _parameter_names(model) if trainable is None else list(trainable)
     if names is None:
         raise ValueError("the model shares a tensor between two parameters")
     device = torch.device("cpu") if device is None else device
@@ -298,10 +307,11 @@ def train_batched(
         rows_of_step = index[step]
         x = data_x[rows_of_step]
         y = data_y[rows_of_step]
+        given = {} if step_inputs is None else step_inputs(params)
         if anchors is None:
-            grads, loss = step_fn(params, x, y, weight[step], counts[step])
+            grads, loss = step_fn(params, given, x, y, weight[step], counts[step])
         else:
-            grads, loss = step_fn(params, anchors, x, y, weight[step], counts[step])
+            grads, loss = step_fn(params, given, anchors, x, y, weight[step], counts[step])
         losses[step] = loss.detach().float().cpu()
         params, buffers = _sgd_step(
             params, grads, buffers, active[step], rates[step], momentum, weight_decay, extra_lrs
@@ -329,13 +339,13 @@ def _per_client(value: float | Sequence[float], count: int) -> list[float]:
 def _step_function(model, names, sample_loss, proximal_mu):
     """vmap(grad_and_value) of one client's step loss over the clients axis."""
 
-    def loss_of(params, *rest):
+    def loss_of(params, given, *rest):
         if proximal_mu:
             anchors, x, y, weight, count = rest
         else:
             x, y, weight, count = rest
         model_params = {n: params[n] for n in names}
-        outputs = torch.func.functional_call(model, model_params, (x,))
+        outputs = torch.func.functional_call(model, {**model_params, **given}, (x,))
         if EXTRA in params:
             samples = sample_loss(outputs.float(), y, params[EXTRA])
         else:

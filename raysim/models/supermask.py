@@ -120,6 +120,25 @@ def top_k_mask(
     return keep.to(scores.dtype).view_as(scores)
 
 
+def top_k_masks(scores: torch.Tensor, k: float, mask_by_abs: bool = False) -> torch.Tensor:
+    """`top_k_mask` of every client's scores at once: `scores` is [clients, *layer shape] and
+    each client's mask is exactly what `top_k_mask` gives its slice (the same rule: the lowest
+    `int((1 - k) * n)` by a stable ascending sort are dropped, the lowest-index ties first)."""
+    key = scores.detach().abs() if mask_by_abs else scores.detach()
+    flat = key.reshape(len(key), -1)
+    dropped = int((1 - k) * flat.shape[1])
+    if dropped == 0:
+        return torch.ones_like(scores)
+    threshold = torch.kthvalue(flat, dropped, dim=1, keepdim=True).values
+    keep = flat > threshold
+    ties = flat == threshold
+    # per client: how many of its threshold ties are dropped (all of them when it has no more
+    # entries <= the threshold than it drops: then keep is its mask already)
+    ties_dropped = dropped - (flat < threshold).sum(dim=1, keepdim=True)
+    keep |= ties & (torch.cumsum(ties, dim=1) > ties_dropped)
+    return keep.to(scores.dtype).view_as(scores)
+
+
 class _StraightThroughMask(torch.autograd.Function):
     """Forward: the top-k mask of the scores. Backward: the identity (straight-through)."""
 
@@ -144,6 +163,10 @@ class _SupermaskLayer(nn.Module):
         self.register_buffer("weight", torch.zeros(weight_shape))
         self.scores = nn.Parameter(torch.zeros(weight_shape))
         self.threshold_hint = ThresholdHint()  # speeds up the mask only (kth_smallest)
+        # A mask computed outside the autograd graph, given per client by batched training
+        # (torch.func.functional_call; raysim.core.batched_training): None, and not in the
+        # state dict, everywhere else.
+        self.register_buffer("given_mask", None, persistent=False)
 
     @property
     def fan_in(self) -> int:
@@ -151,6 +174,10 @@ class _SupermaskLayer(nn.Module):
 
     def mask(self) -> torch.Tensor:
         """The current top-k mask; gradients reach the scores straight through it."""
+        if self.given_mask is not None:
+            # the same values and the same gradient: scores - scores.detach() is exactly 0 and
+            # passes the gradient through unchanged
+            return self.given_mask + (self.scores - self.scores.detach())
         return _StraightThroughMask.apply(
             self.scores, self.k, self.mask_by_abs, self.threshold_hint
         )
