@@ -20,7 +20,8 @@
       clients (8 samples each, one epoch), 100, 1,000 and 10,000 clients a round on the
       accelerator (clients.num_gpus 1, local backend), trained one after another and batched:
       clients per second (the median round of 3, the first dropped) and the final accuracies,
-      which agree to float rounding.
+      which agree to float rounding. Also FedAwS's one-class clients (MLP embedding) and FRL's
+      supermask clients (MLP supernet; batched on a GPU only), 100 and 1,000 a round.
 
 `--parts e` (or any of a b c d e) runs only those parts.
 
@@ -237,43 +238,64 @@ def exact_index_step(args, accelerator: str) -> dict:
     }
 
 
+BATCHED_METHODS = {  # (e): what each method's clients are, beside the FedAvg/MLP default
+    "fedavg": {},
+    # one-class clients training theta and their own class row (an MLP embedding, no bag)
+    "fedaws": {
+        "partition": {"name": "one_class"},
+        "model": {"name": "mlp_embedding", "hidden": [64], "embedding_dim": 16},
+        "algorithm": {"name": "fedaws", "spreadout": "topk", "k": 5, "class_lr": 0.1},
+        "server": {"optimizer": "adam", "lr": 0.003},
+    },
+    # supermask clients (edge-popup on the scores; batched on a GPU only)
+    "frl": {"algorithm": {"name": "frl", "k": 0.5}, "clients": {"momentum": 0.9}},
+}
+
+
 def batched_clients(args, accelerator: str, work: Path) -> dict:
-    """(e) clients per second, one at a time vs batched, on the accelerator."""
-    sizes = (10, 50) if args.small else (100, 1_000, 10_000)
+    """(e) clients per second, one at a time vs batched, on the accelerator: FedAvg at 100,
+    1,000 and 10,000 clients a round, FedAwS and FRL at 100 and 1,000."""
+    sizes = {"fedavg": (10, 50), "fedaws": (10,), "frl": (10,)}
+    if not args.small:
+        sizes = {"fedavg": (100, 1_000, 10_000), "fedaws": (100, 1_000), "frl": (100, 1_000)}
     gpus = 1.0 if accelerator == "cuda" else 0.0
     rows = []
-    for per_round in sizes:
-        row: dict = {"clients_per_round": per_round}
-        for mode in ("sequential", "batched"):
-            raw = {
-                "run": {"name": "gpu_check_batched", "rounds": 3, "eval_every": 3},
-                "data": {
-                    "name": "synthetic_classification",
-                    "num_samples": 8 * per_round,
-                    "num_test": 500,
-                    "num_classes": 10,
-                    "sample_shape": [32],
-                },
-                "partition": {"name": "iid", "num_clients": per_round},
-                "clients": {
-                    "per_round": per_round,
-                    "local_epochs": 1,
-                    "batch_size": 8,
-                    "num_gpus": gpus,
-                    "batched": mode == "batched",
-                    # one chunk up to 1,024 clients: on a GPU a chunk is padded to this many
-                    "batch_chunk": min(per_round, 1024),
-                },
-                "model": {"name": "mlp", "hidden": [64]},
-                "algorithm": {"name": "fedavg"},
-                "runtime": {"backend": "local"},
-            }
-            result = _run(raw, work / f"batched-{per_round}-{mode}")
-            rounds = _rounds(result)["round_s"][1:]  # the first also starts CUDA and caches
-            row[f"{mode}_clients_per_s"] = per_round / statistics.median(rounds)
-            row[f"{mode}_accuracy"] = result.summary["final"]["accuracy"]
-        row["speedup"] = row["batched_clients_per_s"] / row["sequential_clients_per_s"]
-        rows.append(row)
+    for method, per_rounds in sizes.items():
+        for per_round in per_rounds:
+            row: dict = {"method": method, "clients_per_round": per_round}
+            for mode in ("sequential", "batched"):
+                raw = {
+                    "run": {"name": "gpu_check_batched", "rounds": 3, "eval_every": 3},
+                    "data": {
+                        "name": "synthetic_classification",
+                        "num_samples": 8 * per_round,
+                        "num_test": 500,
+                        "num_classes": 10,
+                        "sample_shape": [32],
+                    },
+                    "partition": {"name": "iid", "num_clients": per_round},
+                    "clients": {
+                        "per_round": per_round,
+                        "local_epochs": 1,
+                        "batch_size": 8,
+                        "num_gpus": gpus,
+                        "batched": mode == "batched",
+                        # one chunk up to 1,024 clients: on a GPU a chunk is padded to this many
+                        "batch_chunk": min(per_round, 1024),
+                    },
+                    "model": {"name": "mlp", "hidden": [64]},
+                    "algorithm": {"name": "fedavg"},
+                    "runtime": {"backend": "local"},
+                }
+                for section, values in BATCHED_METHODS[method].items():
+                    raw[section] = {**raw[section], **values} if section in raw else values
+                result = _run(raw, work / f"batched-{method}-{per_round}-{mode}")
+                rounds = _rounds(result)["round_s"][1:]  # the first also starts CUDA and caches
+                final = result.summary["final"]
+                row[f"{mode}_clients_per_s"] = per_round / statistics.median(rounds)
+                row[f"{mode}_accuracy"] = final.get("accuracy", final.get("p@1"))
+            row["speedup"] = row["batched_clients_per_s"] / row["sequential_clients_per_s"]
+            rows.append(row)
     return {"clients_num_gpus": gpus, "rows": rows}
 
 
@@ -283,10 +305,12 @@ def table(report: dict) -> str:
     if "batched" in report:
         lines += [
             f"(e) batched clients on {acc}: clients per second",
-            "| clients a round | one at a time | batched | ratio | accuracy (one / batched) |",
-            "| --- | --- | --- | --- | --- |",
+            "| method | clients a round | one at a time | batched | ratio | "
+            "accuracy (one / batched) |",
+            "| --- | --- | --- | --- | --- | --- |",
             *(
-                f"| {r['clients_per_round']:,} | {r['sequential_clients_per_s']:.0f} | "
+                f"| {r['method']} | {r['clients_per_round']:,} | "
+                f"{r['sequential_clients_per_s']:.0f} | "
                 f"{r['batched_clients_per_s']:.0f} | {r['speedup']:.2f}x | "
                 f"{r['sequential_accuracy']:.4f} / {r['batched_accuracy']:.4f} |"
                 for r in report["batched"]["rows"]

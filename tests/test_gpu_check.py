@@ -31,3 +31,7 @@ def test_gpu_check_small_prints_its_table_and_writes_json(tmp_path):
     phases = report["fedaws"]["phases_s"]
     assert phases["clients_s"] > 0 and phases["index_s"] > 0 and phases["spreadout_s"] > 0
     assert report["fedaws"]["p@1"] is not None
+    methods = {row["method"] for row in report["batched"]["rows"]}
+    assert methods == {"fedavg", "fedaws", "frl"}
+    assert all(row["batched_clients_per_s"] > 0 for row in report["batched"]["rows"])
+    assert "| fedaws | 10 |" in out
