@@ -203,6 +203,47 @@ def test_unbatchable_method_falls_back_with_one_line(digits_config, tmp_path, ca
     assert states[0].arrays["params"].tobytes() == states[1].arrays["params"].tobytes()
 
 
+def test_a_subclass_changing_client_update_batches_only_if_it_changes_the_twin(digits_config):
+    """FedAvg's batched twin reproduces FedAvg's client_update: a subclass that overrides
+    client_update alone is refused (its clients train one at a time); one that overrides the
+    twin as well (examples/plugins/clipped_fedavg.py) is batched, and clips alike."""
+    import importlib.util
+
+    from raysim.algorithms.fedavg import FedAvg
+
+    spec = importlib.util.spec_from_file_location(
+        "clipped_fedavg_batched", REPO_ROOT / "examples" / "plugins" / "clipped_fedavg.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class OnlySequential(FedAvg):
+        def client_update(self, payload, x, y, client_id, generator, ctx):
+            return super().client_update(payload, x, y, client_id, generator, ctx)
+
+    dataset, split, ctx, _ = _setup(digits_config)
+    assert OnlySequential().batching_problem(ctx) == (
+        "OnlySequential overrides client_update but not batched_client_updates"
+    )
+    clipped = module.ClippedFedAvg(max_norm=0.05)
+    assert clipped.batching_problem(ctx) is None
+    payload = clipped.server_payload(clipped.init_server(ctx))
+    ids = [0, 3, 5]
+    batched = batched_updates(
+        ctx, AlgorithmHooks.of(clipped), payload, dataset.train_x, dataset.train_y,
+        split.indices, split.offsets, 1, ids,
+    )  # fmt: skip
+    for update in batched:
+        c = update.client_id
+        rows = split.indices[split.offsets[c] : split.offsets[c + 1]]
+        x = torch.from_numpy(dataset.train_x[rows])
+        y = torch.from_numpy(dataset.train_y[rows].astype(np.int64))
+        reference = clipped.client_update(payload, x, y, c, client_generator(ctx.seed, 1, c), ctx)
+        assert update.metrics["clipped"] == reference.metrics["clipped"] == 1.0
+        assert float(np.linalg.norm(update.vector)) == pytest.approx(0.05, rel=1e-5)
+        assert float(np.abs(update.vector - reference.vector).max()) <= TOLERANCE
+
+
 # --- Ray == local, any packing ------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from raysim.algorithms.fedaws_wire import Broadcast, forget_payload, next_client
 from raysim.config import MAX_LEARNING_RATE
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
-from raysim.core.batched_training import model_problem, train_batched
+from raysim.core.batched_training import model_problem, overridden_below_batched_twin, train_batched
 from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import local_training
@@ -196,11 +196,9 @@ class ClassEmbeddingMethod:
         a subclass that overrides `client_update` below it trains one client at a time. A
         model with an embedding bag trains a table of the feature rows each client touches,
         of a different size per client, so it is not batched either."""
-        classes = type(self).__mro__
-        definer = next(c for c in classes if "batched_client_updates" in vars(c))
-        updater = next(c for c in classes if "client_update" in vars(c))
-        if classes.index(updater) < classes.index(definer):
-            return f"{type(self).__name__} overrides client_update"
+        stale = overridden_below_batched_twin(self, ("client_update",))
+        if stale:
+            return stale
         model = cached_model(ctx, client_device(ctx))
         if layout_of(model).bag is not None:
             return "an embedding-bag model trains a per-client table of the rows it touches"

@@ -20,7 +20,12 @@ from torch import nn
 
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
-from raysim.core.batched_training import ClientBatch, model_problem, train_batched
+from raysim.core.batched_training import (
+    ClientBatch,
+    model_problem,
+    overridden_below_batched_twin,
+    train_batched,
+)
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import check_lr_options, fresh_sgd, local_training, scheduled_lr
 from raysim.metrics import evaluate_classifier
@@ -109,14 +114,11 @@ class DeltaAveraging:
     def batching_problem(self, ctx: RunContext) -> str | None:
         """Why this instance's clients cannot train batched (clients.batched), or None: the
         batched twin below reproduces `client_update` / `train_locally` as written here, so a
-        subclass that overrides either (or mixed precision) trains one client at a time."""
-        own = [
-            name
-            for name in ("client_update", "train_locally")
-            if getattr(type(self), name) is not getattr(DeltaAveraging, name)
-        ]
-        if own:
-            return f"{type(self).__name__} overrides {' and '.join(own)}"
+        subclass that overrides either without overriding the twin (or mixed precision) trains
+        one client at a time."""
+        stale = overridden_below_batched_twin(self, ("client_update", "train_locally"))
+        if stale:
+            return stale
         if self.mixed_precision:
             return "mixed_precision (bfloat16 autocast) is not batched"
         return model_problem(cached_model(ctx, client_device(ctx)), ctx.input_shape)

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from raysim.core.algorithm import RunContext
-from raysim.core.batched_training import train_batched
+from raysim.core.batched_training import overridden_below_batched_twin, train_batched
 from raysim.core.codecs import VectorLayout
 from raysim.core.rankcodec import pack, unpack
 from raysim.core.state import ClientUpdate, ServerState
@@ -306,13 +306,9 @@ class FRL:
         """Why this run's clients cannot train batched, or None: the batched twin below
         reproduces `client_update` and `train_locally` as written here. It batches on a GPU
         only (clients.num_gpus)."""
-        own = [
-            name
-            for name in ("client_update", "train_locally")
-            if getattr(type(self), name) is not getattr(FRL, name)
-        ]
-        if own:
-            return f"{type(self).__name__} overrides {' and '.join(own)}"
+        stale = overridden_below_batched_twin(self, ("client_update", "train_locally"))
+        if stale:
+            return stale
         if client_device(ctx).type == "cpu":
             # A client's step is arithmetic over every score (the top-k threshold, the SGD
             # step), not launch overhead, and the sequential path finds the threshold in a

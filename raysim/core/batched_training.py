@@ -394,6 +394,26 @@ def chunks(count: int, size: int) -> list[range]:
     return [range(i, min(count, i + size)) for i in range(0, count, max(1, size))]
 
 
+def overridden_below_batched_twin(algorithm, names: Sequence[str]) -> str | None:
+    """One line naming the methods of `names` (e.g. client_update) that a subclass overrides
+    below the class defining the algorithm's `batched_client_updates`, or None. The batched
+    twin reproduces the sequential path of its own class; a subclass that changes that path
+    without overriding the twin too would be batched into doing something else. A subclass
+    that changes both (examples/plugins/clipped_fedavg.py) stays batched."""
+    classes = type(algorithm).__mro__
+    twin = next(c for c in classes if "batched_client_updates" in vars(c))
+    own = [
+        name
+        for name in names
+        if classes.index(next(c for c in classes if name in vars(c))) < classes.index(twin)
+    ]
+    if not own:
+        return None
+    return (
+        f"{type(algorithm).__name__} overrides {' and '.join(own)} but not batched_client_updates"
+    )
+
+
 def batching_refusal(ctx, hooks) -> str | None:
     """Why `clients.batched` cannot batch this run's clients (one line), or None.
 
@@ -467,6 +487,7 @@ __all__ = [
     "batching_refusal",
     "chunks",
     "model_problem",
+    "overridden_below_batched_twin",
     "padded_rows",
     "sample_cross_entropy",
     "train_batched",
