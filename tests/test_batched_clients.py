@@ -44,6 +44,15 @@ def _setup(digits_config, *overrides):
     return dataset, plan.split, plan.ctx, algorithm
 
 
+def _sequential_update(algorithm, payload, dataset, split, client, round_index, ctx):
+    """What `client_update` returns for `client` in round `round_index` (the reference)."""
+    rows = split.indices[split.offsets[client] : split.offsets[client + 1]]
+    x = torch.from_numpy(dataset.train_x[rows])
+    y = torch.from_numpy(dataset.train_y[rows].astype(np.int64))
+    generator = client_generator(ctx.seed, round_index, client)
+    return algorithm.client_update(payload, x, y, client, generator, ctx)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -67,11 +76,7 @@ def test_batched_updates_match_sequential(digits_config, overrides):
     )
     assert batched is not None
     for update in batched:
-        c = update.client_id
-        rows = split.indices[split.offsets[c] : split.offsets[c + 1]]
-        x = torch.from_numpy(dataset.train_x[rows])
-        y = torch.from_numpy(dataset.train_y[rows].astype(np.int64))
-        reference = algorithm.client_update(payload, x, y, c, client_generator(ctx.seed, 3, c), ctx)
+        reference = _sequential_update(algorithm, payload, dataset, split, update.client_id, 3, ctx)
         assert update.num_samples == reference.num_samples
         assert float(np.abs(update.vector - reference.vector).max()) <= TOLERANCE
         assert update.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=1e-5)
@@ -234,11 +239,7 @@ def test_a_subclass_changing_client_update_batches_only_if_it_changes_the_twin(d
         split.indices, split.offsets, 1, ids,
     )  # fmt: skip
     for update in batched:
-        c = update.client_id
-        rows = split.indices[split.offsets[c] : split.offsets[c + 1]]
-        x = torch.from_numpy(dataset.train_x[rows])
-        y = torch.from_numpy(dataset.train_y[rows].astype(np.int64))
-        reference = clipped.client_update(payload, x, y, c, client_generator(ctx.seed, 1, c), ctx)
+        reference = _sequential_update(clipped, payload, dataset, split, update.client_id, 1, ctx)
         assert update.metrics["clipped"] == reference.metrics["clipped"] == 1.0
         assert float(np.linalg.norm(update.vector)) == pytest.approx(0.05, rel=1e-5)
         assert float(np.abs(update.vector - reference.vector).max()) <= TOLERANCE
@@ -316,12 +317,8 @@ def test_fedaws_batched_updates_match_sequential(overrides):
     )  # fmt: skip
     assert batched is not None
     for position, update in enumerate(batched):
-        c = int(ids[position])
-        rows = split.indices[split.offsets[c] : split.offsets[c + 1]]
-        x = torch.from_numpy(dataset.train_x[rows])
-        y = torch.from_numpy(dataset.train_y[rows].astype(np.int64))
         sent = payload if personal is None else (payload, personal[position])
-        reference = algorithm.client_update(sent, x, y, c, client_generator(ctx.seed, 2, c), ctx)
+        reference = _sequential_update(algorithm, sent, dataset, split, int(ids[position]), 2, ctx)
         expected = reference.vector
         assert set(update.vector) == set(expected)
         assert float(np.abs(np.asarray(expected["dense"])).max()) > 100 * TOLERANCE  # moved

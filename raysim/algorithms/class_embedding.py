@@ -24,7 +24,12 @@ from raysim.algorithms.fedaws_wire import Broadcast, forget_payload, next_client
 from raysim.config import MAX_LEARNING_RATE
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
-from raysim.core.batched_training import model_problem, overridden_below_batched_twin, train_batched
+from raysim.core.batched_training import (
+    client_sgd,
+    model_problem,
+    overridden_below_batched_twin,
+    train_batched,
+)
 from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import local_training
@@ -216,10 +221,7 @@ class ClassEmbeddingMethod:
             [np.concatenate([theta, extra.ravel()]) for extra in extras],
             batch,
             lr=clients.lr,
-            batch_size=clients.batch_size,
-            epochs=clients.local_epochs,
-            momentum=clients.momentum,
-            weight_decay=clients.weight_decay,
+            **client_sgd(clients),
             sample_loss=loss,
             device=device,
             extra_width=extras[0].size if len(extras) else 0,

@@ -22,6 +22,7 @@ from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
 from raysim.core.batched_training import (
     ClientBatch,
+    client_sgd,
     model_problem,
     overridden_below_batched_twin,
     train_batched,
@@ -137,10 +138,7 @@ class DeltaAveraging:
             starts,
             batch,
             lr=clients.lr if round_lr is None else round_lr,
-            batch_size=clients.batch_size,
-            epochs=clients.local_epochs,
-            momentum=clients.momentum,
-            weight_decay=clients.weight_decay,
+            **client_sgd(clients),
             proximal_mu=self.proximal_mu,
             lr_schedule=self.lr_schedule,
             device=device,

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from raysim.core.algorithm import RunContext
-from raysim.core.batched_training import overridden_below_batched_twin, train_batched
+from raysim.core.batched_training import client_sgd, overridden_below_batched_twin, train_batched
 from raysim.core.codecs import VectorLayout
 from raysim.core.rankcodec import pack, unpack
 from raysim.core.state import ClientUpdate, ServerState
@@ -344,10 +344,7 @@ class FRL:
             [start] * len(batch),
             batch,
             lr=clients.lr * self.lr_decay**round_index,
-            batch_size=clients.batch_size,
-            epochs=clients.local_epochs,
-            momentum=clients.momentum,
-            weight_decay=clients.weight_decay,
+            **client_sgd(clients),
             lr_schedule=self.lr_schedule,
             device=device,
             trainable=names,

@@ -336,6 +336,16 @@ def _per_client(value: float | Sequence[float], count: int) -> list[float]:
     return [float(value)] * count if isinstance(value, (int, float)) else [float(v) for v in value]
 
 
+def client_sgd(clients) -> dict:
+    """The local SGD a config's `clients` section sets, as `train_batched` keywords."""
+    return {
+        "batch_size": clients.batch_size,
+        "epochs": clients.local_epochs,
+        "momentum": clients.momentum,
+        "weight_decay": clients.weight_decay,
+    }
+
+
 def _step_function(model, names, sample_loss, proximal_mu):
     """vmap(grad_and_value) of one client's step loss over the clients axis."""
 
@@ -486,6 +496,7 @@ __all__ = [
     "batched_updates",
     "batching_refusal",
     "chunks",
+    "client_sgd",
     "model_problem",
     "overridden_below_batched_twin",
     "padded_rows",
