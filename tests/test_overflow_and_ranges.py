@@ -83,8 +83,7 @@ def test_item1_integer_sums_wrap_silently_fedaws_fixed_point(fedaws_setup):
     assert "\n" not in str(caught.value)
     # The grouped sum of one bag row sent by every client (dense kept tiny so it fits).
     tiny = [
-        ClientUpdate(u.client_id, 1, {**u.vector, "dense": u.vector["dense"] * 0})
-        for u in updates
+        ClientUpdate(u.client_id, 1, {**u.vector, "dense": u.vector["dense"] * 0}) for u in updates
     ]
     with pytest.raises(RaysimError, match=r"'bag_rows' overflows"):
         _reduce(algorithm, ctx, tiny)

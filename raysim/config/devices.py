@@ -74,57 +74,135 @@ class DevicesConfig:
             self.profiles,
         )
         if self.profiles == "trace":
-            require(
-                source, is_path(self.trace), "devices.trace", "a CSV file's path", self.trace
-            )
+            require(source, is_path(self.trace), "devices.trace", "a CSV file's path", self.trace)
         for key in ("compute_median", "download_median", "upload_median"):
             value = getattr(self, key)
             require(
-                source, finite(value) and 0 < value <= MAX_RATE, f"devices.{key}",
-                f"in (0, {MAX_RATE:g}]", value,
+                source,
+                finite(value) and 0 < value <= MAX_RATE,
+                f"devices.{key}",
+                f"in (0, {MAX_RATE:g}]",
+                value,
             )
         for key in ("compute_sigma", "download_sigma", "upload_sigma"):
             value = getattr(self, key)
-            require(source, finite(value) and 0 <= value <= 10, f"devices.{key}", "in [0, 10]",
-                    value)
-        require(source, 0 < self.online_fraction <= 1, "devices.online_fraction", "in (0, 1]",
-                self.online_fraction)
+            require(
+                source, finite(value) and 0 <= value <= 10, f"devices.{key}", "in [0, 10]", value
+            )
+        require(
+            source,
+            0 < self.online_fraction <= 1,
+            "devices.online_fraction",
+            "in (0, 1]",
+            self.online_fraction,
+        )
         for key, low in (("period_s", 1e-3), ("trace_period_s", 0.0)):
             value = getattr(self, key)
-            require(source, finite(value) and (value >= low) and value <= MAX_SIM_S,
-                    f"devices.{key}", f"seconds in [{low:g}, {MAX_SIM_S:g}]", value)
+            require(
+                source,
+                finite(value) and (value >= low) and value <= MAX_SIM_S,
+                f"devices.{key}",
+                f"seconds in [{low:g}, {MAX_SIM_S:g}]",
+                value,
+            )
         for key in ("flops_per_sample", "payload_bytes"):
             value = getattr(self, key)
-            require(source, finite(value) and 0 <= value <= MAX_RATE, f"devices.{key}",
-                    f"in [0, {MAX_RATE:g}] (0: derived from the model)", value)
-        require(source, finite(self.deadline_s) and 0 <= self.deadline_s <= MAX_WAIT_S * 365,
-                "devices.deadline_s", "simulated seconds >= 0 (0: none), at most a year",
-                self.deadline_s)
-        require(source, finite(self.over_selection) and 0 <= self.over_selection <= 100,
-                "devices.over_selection", "in [0, 100]", self.over_selection)
-        require(source, bool(self.target_metric), "devices.target_metric", "a metric name",
-                self.target_metric)
-        require(source, self.target is None or finite(self.target), "devices.target",
-                "a finite number or null", self.target)
-        require(source, self.aggregation in AGGREGATIONS, "devices.aggregation",
-                " | ".join(AGGREGATIONS), self.aggregation)
+            require(
+                source,
+                finite(value) and 0 <= value <= MAX_RATE,
+                f"devices.{key}",
+                f"in [0, {MAX_RATE:g}] (0: derived from the model)",
+                value,
+            )
+        require(
+            source,
+            finite(self.deadline_s) and 0 <= self.deadline_s <= MAX_WAIT_S * 365,
+            "devices.deadline_s",
+            "simulated seconds >= 0 (0: none), at most a year",
+            self.deadline_s,
+        )
+        require(
+            source,
+            finite(self.over_selection) and 0 <= self.over_selection <= 100,
+            "devices.over_selection",
+            "in [0, 100]",
+            self.over_selection,
+        )
+        require(
+            source,
+            bool(self.target_metric),
+            "devices.target_metric",
+            "a metric name",
+            self.target_metric,
+        )
+        require(
+            source,
+            self.target is None or finite(self.target),
+            "devices.target",
+            "a finite number or null",
+            self.target,
+        )
+        require(
+            source,
+            self.aggregation in AGGREGATIONS,
+            "devices.aggregation",
+            " | ".join(AGGREGATIONS),
+            self.aggregation,
+        )
         if self.asynchronous:
-            require(source, self.enabled, "devices.profiles",
-                    f"sampled or trace with devices.aggregation={self.aggregation}",
-                    self.profiles)
-            require(source, self.over_selection == 0, "devices.over_selection",
-                    "0 with asynchronous aggregation (over-selection is for synchronous rounds)",
-                    self.over_selection)
-        require(source, 0 <= self.buffer_size <= 10**9, "devices.buffer_size",
-                "a whole number in [0, 1e9] (0: clients.per_round)", self.buffer_size)
-        require(source, self.aggregation != "fedasync" or self.buffer_size in (0, 1),
-                "devices.buffer_size", "0 or 1 with devices.aggregation=fedasync (one update "
-                "a server step)", self.buffer_size)
-        require(source, 0 <= self.concurrency <= 10**9, "devices.concurrency",
-                "a whole number in [0, 1e9] (0: clients.per_round)", self.concurrency)
-        require(source, finite(self.staleness_exponent) and 0 <= self.staleness_exponent <= 10,
-                "devices.staleness_exponent", "in [0, 10]", self.staleness_exponent)
-        require(source, finite(self.mixing) and 0 < self.mixing <= 1, "devices.mixing",
-                "in (0, 1]", self.mixing)
-        require(source, 0 <= self.max_staleness <= MAX_STALENESS, "devices.max_staleness",
-                f"a whole number in [0, {MAX_STALENESS}]", self.max_staleness)
+            require(
+                source,
+                self.enabled,
+                "devices.profiles",
+                f"sampled or trace with devices.aggregation={self.aggregation}",
+                self.profiles,
+            )
+            require(
+                source,
+                self.over_selection == 0,
+                "devices.over_selection",
+                "0 with asynchronous aggregation (over-selection is for synchronous rounds)",
+                self.over_selection,
+            )
+        require(
+            source,
+            0 <= self.buffer_size <= 10**9,
+            "devices.buffer_size",
+            "a whole number in [0, 1e9] (0: clients.per_round)",
+            self.buffer_size,
+        )
+        require(
+            source,
+            self.aggregation != "fedasync" or self.buffer_size in (0, 1),
+            "devices.buffer_size",
+            "0 or 1 with devices.aggregation=fedasync (one update a server step)",
+            self.buffer_size,
+        )
+        require(
+            source,
+            0 <= self.concurrency <= 10**9,
+            "devices.concurrency",
+            "a whole number in [0, 1e9] (0: clients.per_round)",
+            self.concurrency,
+        )
+        require(
+            source,
+            finite(self.staleness_exponent) and 0 <= self.staleness_exponent <= 10,
+            "devices.staleness_exponent",
+            "in [0, 10]",
+            self.staleness_exponent,
+        )
+        require(
+            source,
+            finite(self.mixing) and 0 < self.mixing <= 1,
+            "devices.mixing",
+            "in (0, 1]",
+            self.mixing,
+        )
+        require(
+            source,
+            0 <= self.max_staleness <= MAX_STALENESS,
+            "devices.max_staleness",
+            f"a whole number in [0, {MAX_STALENESS}]",
+            self.max_staleness,
+        )

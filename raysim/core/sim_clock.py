@@ -103,9 +103,11 @@ class SimClock:
         p = self.profiles
         work = self.num_samples[clients] * self.config.clients.local_epochs
         compute = work * self.flops_per_sample / p.flops[clients]
-        return self.payload_bytes / p.download[clients] + compute + self.payload_bytes / p.upload[
-            clients
-        ]
+        return (
+            self.payload_bytes / p.download[clients]
+            + compute
+            + self.payload_bytes / p.upload[clients]
+        )
 
     def round(self, round_index: int) -> SimRound:
         while len(self.rounds) <= round_index:
@@ -126,8 +128,10 @@ class SimClock:
                 return dataclasses.replace(
                     sim, start_s=first, late=late, offline=offline, attempts=attempt + 1
                 )
-            start = sim.end_s if sim.end_s > start else self.profiles.next_online(
-                np.nextafter(start, math.inf)
+            start = (
+                sim.end_s
+                if sim.end_s > start
+                else self.profiles.next_online(np.nextafter(start, math.inf))
             )
         raise RaysimError(
             f"devices: in round {round_index + 1} no client finished in {MAX_ATTEMPTS} "
@@ -139,14 +143,14 @@ class SimClock:
         """Round `round_index`'s RoundInfo: its kept clients (and the attacker's pool)."""
         config = self.config
         ids = self.round(round_index).kept
-        below = 0 if config.attack.name == "none" else int(
-            config.attack.fraction * len(self.num_samples)
+        below = (
+            0
+            if config.attack.name == "none"
+            else int(config.attack.fraction * len(self.num_samples))
         )
         pool = np.zeros(0, dtype=np.int64)
         if below and np.searchsorted(ids, below):
-            pool = attacker_pool(
-                config.run.seed, round_index, below, config.attack.pool_size, ids
-            )
+            pool = attacker_pool(config.run.seed, round_index, below, config.attack.pool_size, ids)
         return RoundInfo(round_index, ids, below, pool)
 
     def _plan(self, round_index: int, start: float, attempt: int) -> SimRound:
