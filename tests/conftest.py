@@ -69,9 +69,17 @@ def ray_session():
     """One local Ray (2 CPUs) shared by the integration tests of this process (each pytest-xdist
     worker has its own); shut down at the end."""
     ray = pytest.importorskip("ray")
+    from raysim.runtime.ray_cluster import LOCAL_RAY_SYSTEM_CONFIG
+
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        # the settings of a Ray that raysim starts itself (idle workers kept between rounds)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            logging_level="ERROR",
+            _system_config=LOCAL_RAY_SYSTEM_CONFIG,
+        )
         started = True
     yield ray
     if started:
