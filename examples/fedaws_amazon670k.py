@@ -12,7 +12,7 @@ against all true labels of each test point and the per-round time split.
     python examples/fedaws_amazon670k.py --scale 1 --rounds 2 # Amazon-670K-shaped, 670,091 classes
     python examples/fedaws_amazon670k.py --data-dir ~/xc/Amazon670K --rounds 200
     python examples/fedaws_amazon670k.py --methods fedaws softmax --rounds 100
-    python examples/fedaws_amazon670k.py --full               # the protocol study, ~45 min
+    python examples/fedaws_amazon670k.py --full               # the protocol study, ~80 min
 
 --full runs the comparison under raysim's protocol (configs/compare_fedaws.yaml through
 `raysim compare`): FedAwS, Baseline-1, Baseline-2 and the Softmax oracle each tuned with the
