@@ -143,6 +143,10 @@ class DeltaAveraging:
             lr_schedule=self.lr_schedule,
             device=device,
         )
+        # One subtraction for the chunk (the same values as row by row): most chunks start
+        # from one vector, the global model.
+        same_start = all(start is starts[0] for start in starts)
+        deltas = trained - (starts[0] if same_start else np.stack(starts))
         updates = []
         for i, client_id in enumerate(batch.client_ids):
             self.client_finished(client_id, trained[i], ctx)
@@ -150,7 +154,7 @@ class DeltaAveraging:
                 ClientUpdate(
                     client_id=client_id,
                     num_samples=len(batch.ys[i]),
-                    vector=trained[i] - starts[i],
+                    vector=deltas[i],
                     metrics={"loss": losses[i]},
                     stats=self.client_stats(batch.ys[i], ctx),
                 )

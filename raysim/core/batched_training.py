@@ -265,9 +265,8 @@ def train_batched(
         raise ValueError("every client needs as many labels as rows")
     if max(sizes, default=0) and batch.rows < min(batch_size, max(sizes)):
         raise ValueError(f"rows={batch.rows} is fewer than a batch of this chunk holds")
-    start_rows = np.stack([np.asarray(s, dtype=np.float32) for s in starts])
     if not sum(sizes):
-        return start_rows.copy(), [float("nan")] * count
+        return np.stack([np.asarray(s, dtype=np.float32) for s in starts]), [float("nan")] * count
     plan = _plan(
         sizes,
         batch.generators,
@@ -280,9 +279,7 @@ def train_batched(
     )
     data_x = torch.cat([x for x, n in zip(batch.xs, sizes, strict=True) if n]).to(device)
     data_y = torch.cat([y for y, n in zip(batch.ys, sizes, strict=True) if n]).to(device)
-    stacked = torch.zeros((slots, start_rows.shape[1]), dtype=torch.float32)
-    stacked[:count] = torch.from_numpy(start_rows)
-    stacked = stacked.to(device)
+    stacked = _stacked_starts(starts, slots).to(device)
     shapes = dict(model.state_dict(keep_vars=True))
     params, offset = {}, 0
     for name in names:
@@ -330,6 +327,22 @@ def train_batched(
 
 
 EXTRA = "\0extra"  # the key of the extra parameters among the stacked ones (no module's name)
+
+
+def _stacked_starts(starts: Sequence[np.ndarray], slots: int) -> torch.Tensor:
+    """The start rows stacked into [slots, width] float32, padding slots zero. Written once:
+    when every client starts from the same vector (FedAvg's global model), it is broadcast
+    into the rows rather than stacked and then copied (two passes over clients x parameters)."""
+    # Filled on the numpy side: a start may be a read-only array (Ray's zero-copy payload),
+    # which torch.from_numpy would warn about.
+    stacked = np.empty((slots, len(starts[0])), dtype=np.float32)
+    if all(start is starts[0] for start in starts):
+        stacked[: len(starts)] = starts[0]
+    else:
+        for row, start in enumerate(starts):
+            stacked[row] = start
+    stacked[len(starts) :] = 0.0
+    return torch.from_numpy(stacked)
 
 
 def _per_client(value: float | Sequence[float], count: int) -> list[float]:
