@@ -143,10 +143,12 @@ class DeltaAveraging:
             lr_schedule=self.lr_schedule,
             device=device,
         )
-        # One subtraction for the chunk (the same values as row by row): most chunks start
-        # from one vector, the global model.
-        same_start = all(start is starts[0] for start in starts)
-        deltas = trained - (starts[0] if same_start else np.stack(starts))
+        # One subtraction for the chunk when every client starts from the global model (the
+        # same values as row by row); personal starts are subtracted row by row, uncopied.
+        if all(start is starts[0] for start in starts):
+            deltas = trained - starts[0]
+        else:
+            deltas = [row - start for row, start in zip(trained, starts, strict=True)]
         updates = []
         for i, client_id in enumerate(batch.client_ids):
             self.client_finished(client_id, trained[i], ctx)
