@@ -71,8 +71,10 @@ def test_two_node_cluster_runs_clients_on_both_nodes(tmp_path, monkeypatch):
             root / "plugins",
             ROUNDS,
             # tasks every round (automatic packing may train small rounds in the server actor),
-            # long enough to overlap so that Ray spreads them over both nodes
-            extra=[*POINTS, "--set", "clients.per_task=5", "--set", "clients.local_epochs=200"],
+            # long enough to overlap: 3 tasks of 2 clients a round for the 2 nodes' single CPUs,
+            # so the head cannot take them all at once and Ray must spread them (with 2 tasks a
+            # round, 5 clients and 1, the short one could wait for the head's CPU: seen once)
+            extra=[*POINTS, "--set", "clients.per_task=2", "--set", "clients.local_epochs=200"],
             cwd=plugins,
             address=None,
         )
