@@ -101,6 +101,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write the report of the sweeps and re-runs already in --out (trains nothing)",
     )
+    compare.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read a method from --out instead of training it again when its grid sweep and "
+        "re-runs there are, run by run, what this spec gives (e.g. after re-centring one "
+        "method's grid); the others are tuned and re-run",
+    )
 
     partition = commands.add_parser("partition", help="show a config's client split")
     _add_config_arguments(partition)
@@ -271,10 +278,12 @@ def _dispatch(args: argparse.Namespace) -> int:
                 )
             compare.report_from_folders(comparison, args.out)
             return 0
+        if args.reuse and not args.out:
+            raise RaysimError("raysim compare --reuse needs --out (the comparison's folder)")
         from raysim.config.paths import job_out_dir
 
         out = job_out_dir(args.out or f"runs/compare-{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-        compare.run_comparison(comparison, out, address=args.address)
+        compare.run_comparison(comparison, out, address=args.address, reuse=args.reuse)
         return 0
     config = config_module.load(args.config, args.overrides)
     if args.command == "partition":

@@ -58,11 +58,20 @@ from raysim.errors import RaysimError
 
 
 def run_comparison(
-    comparison: Comparison, out_dir: str | Path, *, address: str | None = None
+    comparison: Comparison,
+    out_dir: str | Path,
+    *,
+    address: str | None = None,
+    reuse: bool = False,
 ) -> dict[str, Any]:
-    """Tune every method with the same budget, re-run the winners on every seed, report."""
+    """Tune every method with the same budget, re-run the winners on every seed, report.
+
+    `reuse`: a method whose sweep and re-runs in `out_dir` are shown, run by run, to be what
+    this spec gives (raysim.compare_reuse) is read from there instead of trained again; the
+    others are tuned and re-run as usual."""
     from raysim import tune
     from raysim.assembly import run
+    from raysim.compare_reuse import reusable_results
     from raysim.runtime import ray_cluster
 
     out_dir = Path(out_dir)
@@ -73,6 +82,18 @@ def run_comparison(
     results: dict[str, Any] = {}
     try:
         for method in comparison.methods:
+            if reuse:
+                finished, why_not = reusable_results(comparison, method, out_dir)
+                if finished is not None:
+                    print(
+                        f"\n== {method.name}: reused, not trained again: its {finished['trials']} "
+                        f"trials and {len(comparison.seeds)} re-runs in {out_dir / method.name} "
+                        "are this spec's ==",
+                        flush=True,
+                    )
+                    results[method.name] = finished
+                    continue
+                print(f"\n== {method.name}: not reused: {why_not} ==", flush=True)
             print(f"\n== {method.name}: tuning ({comparison.trials} trials) ==", flush=True)
             sweep = tune.run_sweep(
                 method.config, method.spec, out_dir / method.name / "tune", address=address
