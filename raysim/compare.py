@@ -51,7 +51,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raysim import config as config_module
 from raysim.compare_report import build_report, write_report
 from raysim.compare_spec import Comparison
 from raysim.errors import RaysimError
@@ -106,10 +105,8 @@ def run_comparison(
                 for seed in comparison.seeds:
                     under = "" if scenario is None else f", scenario {scenario}"
                     print(f"== {method.name}: seed {seed}{under} ==", flush=True)
-                    config = config_module.from_dict(
-                        sweep.best_config.to_dict(),
-                        [*scenario_overrides, f"run.seed={seed}"],
-                        source=f"method {method.name}, scenario {scenario}",
+                    config = method.rerun_config(
+                        sweep.best_config, scenario, scenario_overrides, seed
                     )
                     result = run(
                         config,

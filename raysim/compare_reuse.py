@@ -32,7 +32,6 @@ from typing import Any
 
 import yaml
 
-from raysim import config as config_module
 from raysim.compare_spec import Comparison, Method
 from raysim.config import Config
 from raysim.outputs.identity import config_fingerprint, written_fingerprint
@@ -94,11 +93,7 @@ def reusable_results(
     for scenario, scenario_overrides in comparison.scenarios.items():
         runs[scenario] = {}
         for seed in comparison.seeds:
-            config = config_module.from_dict(
-                best_config.to_dict(),
-                [*scenario_overrides, f"run.seed={seed}"],
-                source=f"method {method.name}, scenario {scenario}",
-            )
+            config = method.rerun_config(best_config, scenario, scenario_overrides, seed)
             summary, problem = _finished_run(method.run_dir(Path(out_dir), scenario, seed), config)
             if problem:
                 return None, problem

@@ -40,6 +40,16 @@ class Method:
         base = out_dir / self.name if scenario is None else out_dir / self.name / scenario
         return base / f"seed_{seed}"
 
+    def rerun_config(
+        self, winner: Config, scenario: str | None, scenario_overrides: Sequence[str], seed: int
+    ) -> Config:
+        """The config of the winner's re-run on `seed` under `scenario` (its overrides)."""
+        return config_module.from_dict(
+            winner.to_dict(),
+            [*scenario_overrides, f"run.seed={seed}"],
+            source=f"method {self.name}, scenario {scenario}",
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
