@@ -53,3 +53,49 @@ def test_rounds_that_start_workers_or_need_tasks_never_train_in_the_server():
         )
     )
     assert backend._place(11) is False
+
+
+def _packer(clients: dict, *, slots: int, gpus: int, compute: float | None) -> RayBackend:
+    backend = RayBackend.__new__(RayBackend)  # the packing logic only, no Ray
+    config = config_module.from_dict({"data": {"name": "digits"}, "clients": clients})
+    backend.ctx = SimpleNamespace(config=config)
+    backend._init_placement(slots, gpus)
+    backend.seconds_per_client = compute
+    return backend
+
+
+def test_batched_clients_on_gpus_take_one_task_per_gpu():
+    gpu = {"per_task": "auto", "batched": True, "num_gpus": 0.25}
+    # 16 CPU slots, 1 GPU: the round's 4,000 clients go to one task, which batches them all
+    one = _packer(gpu, slots=16, gpus=1, compute=None)
+    assert one.tasks_for(4000) == 1
+    assert _packer(gpu, slots=16, gpus=1, compute=0.01).tasks_for(4000) == 1
+    # two GPUs: two tasks, half the round each, in client order
+    two = _packer(gpu, slots=16, gpus=2, compute=0.01)
+    assert two.tasks_for(4000) == 2
+    assert "one task per GPU (2 GPU(s))" in two.packing_rule()
+    # not batched: the client slots, as before (several small tasks share the GPU)
+    plain = _packer({**gpu, "batched": False}, slots=16, gpus=1, compute=0.01)
+    assert plain.tasks_for(20) == 16
+    # batched on CPUs: at most one task per client slot, fewer for a small round
+    cpu = {"per_task": "auto", "batched": True}
+    assert _packer(cpu, slots=2, gpus=0, compute=0.01).tasks_for(100) == 2
+    assert _packer(cpu, slots=2, gpus=0, compute=0.0001).tasks_for(10) == 1
+    # an explicit clients.per_task is kept
+    assert _packer({**gpu, "per_task": 5}, slots=16, gpus=1, compute=0.01).tasks_for(20) == 4
+
+
+def test_the_packing_of_task_rounds_is_recorded_for_the_placement_line():
+    import numpy as np
+
+    from raysim.runtime.ray_placement import placement_text
+
+    backend = _packer({"per_task": "auto", "batched": True}, slots=2, gpus=0, compute=None)
+    backend._record_packing([np.arange(0, 5), np.arange(5, 9)])
+    backend._record_packing([np.arange(0, 10)])
+    packing = backend.packing()
+    assert packing["tasks_per_round"] == [1, 2] and packing["clients_per_task"] == [4, 10]
+    line = placement_text({"nodes": [], "clients_in_server_actor": 0, "packing": packing})
+    rule = "batched, auto, at most one task per client slot (2 slot(s))"
+    assert f"packing: {rule}, 1-2 task(s)" in line
+    assert "of 4-10 client(s)" in line

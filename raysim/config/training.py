@@ -40,7 +40,9 @@ class ClientsConfig:
     # of one after another, for algorithms that opt in (docs/BATCHED.md); the others say so
     # once and train sequentially. Off by default: the sequential path is the reference.
     batched: bool = False
-    batch_chunk: int = 256  # clients per vmapped call: bounds the memory (docs/BATCHED.md)
+    # Clients per vmapped call: bounds the memory. `auto` sizes it from the device's memory
+    # and the model (raysim.core.batch_chunk; docs/BATCHED.md); an integer fixes it.
+    batch_chunk: int | str = "auto"
 
     def check(self, source: str, resolve: bool = True) -> None:
         """`per_round` against `partition.num_clients`: raysim.config.cross_checks."""
@@ -87,7 +89,15 @@ class ClientsConfig:
             )
         require(source, self.max_retries >= 0, "clients.max_retries", ">= 0", self.max_retries)
         chunk = self.batch_chunk
-        require(source, chunk >= 1, "clients.batch_chunk", ">= 1", chunk)
+        require(
+            source,
+            chunk == "auto" or (isinstance(chunk, int) and chunk >= 1),
+            "clients.batch_chunk",
+            "'auto' or an integer >= 1",
+            chunk,
+        )
+        if chunk == "auto":
+            return
         # Every chunk holds its clients' parameters a few times over (docs/BATCHED.md); a
         # million clients of even a 10k-parameter model would be 200 GB.
         require(

@@ -463,9 +463,10 @@ def batched_updates(
     client_ids: Sequence[int],
     personal_payloads: Sequence | None = None,
 ) -> list | None:
-    """The task's clients trained `clients.batch_chunk` at a time through the algorithm's
-    `batched_client_updates`: one update per client, in order; None (after a one-line notice,
-    once per process) when the run cannot batch, and the caller trains them one by one.
+    """The task's clients trained a chunk at a time (raysim.core.batch_chunk) through the
+    algorithm's `batched_client_updates`: one update per client, in order; None (after a
+    one-line notice, once per process) when the run cannot batch, and the caller trains them
+    one by one.
     `personal_payloads`: one per client of `client_ids` (ClientBatch.personal), or None."""
     from raysim.models.devices import client_device, notice_once
     from raysim.seeds import client_generator
@@ -474,13 +475,25 @@ def batched_updates(
     if refusal is not None:
         notice_once(f"clients.batched: {refusal}; training clients one at a time (docs/BATCHED.md)")
         return None
+    from raysim.core.batch_chunk import chunk_clients, largest_client
+    from raysim.models.vector import cached_model
+
     clients = ctx.config.clients
     rows = padded_rows(clients.batch_size, np.diff(offsets))
-    # On a GPU every call holds batch_chunk clients, so cuBLAS sees one shape whatever the
+    device = client_device(ctx)
+    chunk = chunk_clients(
+        ctx.config,
+        device,
+        cached_model(ctx, device),
+        ctx.input_shape,
+        rows,
+        largest_client(offsets),
+    )
+    # On a GPU every call holds `chunk` clients, so cuBLAS sees one shape whatever the
     # packing; on the CPU the kernels' per-client arithmetic does not change with the count.
-    slots = clients.batch_chunk if client_device(ctx).type != "cpu" else None
+    slots = chunk if device.type != "cpu" else None
     updates: list = []
-    for run in chunks(len(client_ids), clients.batch_chunk):
+    for run in chunks(len(client_ids), chunk):
         ids = tuple(int(client_ids[i]) for i in run)
         row_sets = [indices[offsets[c] : offsets[c + 1]] for c in ids]
         batch = ClientBatch(

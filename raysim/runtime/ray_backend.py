@@ -36,7 +36,7 @@ from raysim.runtime.ray_cluster import (
     granted_gpus,
     ship_plugins_by_value,
 )
-from raysim.runtime.ray_placement import ClientPlacement
+from raysim.runtime.ray_placement import ClientPlacement, gpu_slots
 from raysim.runtime.ray_server import ServerHandle
 from raysim.runtime.ray_tasks import load_dataset_in_cluster, put_run_bundle
 
@@ -91,7 +91,8 @@ class RayBackend(ClientPlacement):
         # runs round r (1-based), as a crashed server would die.
         kill_at = os.environ.get("RAYSIM_TEST_KILL_SERVER_AT_ROUND")
         self._kill_server_at = int(kill_at) if kill_at else None
-        self._init_placement(client_slots(ctx.config.clients.num_cpus))
+        clients = ctx.config.clients
+        self._init_placement(client_slots(clients.num_cpus), gpu_slots(clients))
 
     def run_round(
         self, info: RoundInfo, evaluate: bool, next_info: RoundInfo | None = None
@@ -170,7 +171,7 @@ class RayBackend(ClientPlacement):
             )
         nodes.sort(key=lambda n: (not n["head"], n["address"]))
         in_actor = self._get(self.server.actor.clients_in_actor.remote())
-        return {"nodes": nodes, "clients_in_server_actor": in_actor}
+        return {"nodes": nodes, "clients_in_server_actor": in_actor, "packing": self.packing()}
 
     def describe(self) -> str:
         resources = ray.cluster_resources()

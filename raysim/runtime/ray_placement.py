@@ -24,18 +24,61 @@ def placement_text(placement: dict) -> str:
         f"{n['address']}{' (head)' if n['head'] else ''} {n['client_tasks']}"
         for n in placement["nodes"]
     )
+    packing = placement.get("packing")
+    packed = ""
+    if packing and packing.get("rounds_in_tasks"):
+        tasks, clients = packing["tasks_per_round"], packing["clients_per_task"]
+        packed = (
+            f"; packing: {packing['rule']}, {_span(tasks)} task(s) a round of "
+            f"{_span(clients)} client(s)"
+        )
     return (
         f"raysim: client tasks per node: {nodes or 'none'}; "
         f"{placement['clients_in_server_actor']} client updates trained in the server actor"
+        f"{packed}"
     )
+
+
+def _span(bounds: list[int]) -> str:
+    low, high = bounds
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
+def gpu_slots(clients) -> int:
+    """GPUs the run's client tasks can use at once (whole devices; in a Tune trial, its own
+    placement group's), 0 when clients ask for none. With `clients.batched` a round takes one
+    task per GPU; a fractional `clients.num_gpus` lets Ray put two of them on one device, which
+    one line says."""
+    import ray
+
+    if not clients.num_gpus:
+        return 0
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    group = ray.util.get_current_placement_group()
+    if group is not None:
+        gpus = sum(bundle.get("GPU", 0.0) for bundle in group.bundle_specs)
+    count = int(gpus)
+    if clients.batched and count > 1 and clients.num_gpus < 1:
+        print(
+            f"raysim: clients.batched on {count} GPUs packs one client task per GPU, but each "
+            f"asks for clients.num_gpus={clients.num_gpus:g}, so Ray may place two on one GPU; "
+            f"clients.num_gpus: 1 gives every task a GPU of its own",
+            file=sys.stderr,
+            flush=True,
+        )
+    return count
 
 
 class ClientPlacement:
     """The placement and packing state of a RayBackend (a mixin: `self.ctx` is the run's
     context; `_init_placement` sets the rest)."""
 
-    def _init_placement(self, parallel_slots: int) -> None:
+    def _init_placement(self, parallel_slots: int, gpu_slots: int = 0) -> None:
         self.parallel_slots = parallel_slots
+        # Batched clients on GPUs: one task per GPU (a task batches all of its share).
+        self.gpu_slots = gpu_slots
+        self._packed: dict[str, list[int]] = {}  # tasks a round, clients a task: [min, max]
+        self._rounds_in_tasks = 0
         self.seconds_per_client: float | None = None  # measured, for automatic packing
         self.rounds_run = 0
         # Where each round trains (trains_in_server) and what each place costs, measured.
@@ -171,7 +214,46 @@ class ClientPlacement:
         self._clients_of[info.round_index] = len(ids)
         if self.trains_in_server(info.round_index):
             return None
-        return chunk_clients(ids, self.tasks_for(len(ids)))
+        chunks = chunk_clients(ids, self.tasks_for(len(ids)))
+        self._record_packing(chunks)
+        return chunks
+
+    def _record_packing(self, chunks: list[np.ndarray]) -> None:
+        """How the rounds trained in tasks were packed (summary.json's placement.packing)."""
+        self._rounds_in_tasks += 1
+        for key, value in (
+            ("tasks_per_round", len(chunks)),
+            ("clients_per_task", min(len(c) for c in chunks)),
+            ("clients_per_task", max(len(c) for c in chunks)),
+        ):
+            bounds = self._packed.setdefault(key, [value, value])
+            bounds[0], bounds[1] = min(bounds[0], value), max(bounds[1], value)
+
+    def packing(self) -> dict:
+        """The packing rule and what it gave: summary.json's placement.packing."""
+        return {
+            "rule": self.packing_rule(),
+            "rounds_in_tasks": self._rounds_in_tasks,
+            "tasks_per_round": self._packed.get("tasks_per_round", [0, 0]),
+            "clients_per_task": self._packed.get("clients_per_task", [0, 0]),
+        }
+
+    def packing_rule(self) -> str:
+        """The rule `tasks_for` follows, in words."""
+        config = self.ctx.config
+        if config.run.round_deadline_s is not None:
+            return "one client a task (run.round_deadline_s)"
+        per_task = config.clients.per_task
+        if per_task != "auto":
+            return f"clients.per_task={per_task}"
+        if self._batched_on_gpus():
+            return f"batched, one task per GPU ({self.gpu_slots} GPU(s))"
+        slots = f"at most one task per client slot ({self.parallel_slots} slot(s))"
+        return f"{'batched, ' if config.clients.batched else ''}auto, {slots}"
+
+    def _batched_on_gpus(self) -> bool:
+        clients = self.ctx.config.clients
+        return bool(clients.batched and clients.num_gpus and self.gpu_slots)
 
     def tasks_for(self, num_clients: int) -> int:
         """How many tasks to split the round's clients into.
@@ -190,10 +272,15 @@ class ClientPlacement:
         per_task = self.ctx.config.clients.per_task
         if per_task != "auto":
             return math.ceil(num_clients / per_task)
+        # Batched clients on GPUs: one task per GPU, each batching its whole share of the
+        # round (several tasks on one GPU would each fill it with a fraction of the clients,
+        # and pay a task round trip each). On CPUs a client slot is the device: one task per
+        # slot at most, fewer when the round's work is small (below).
+        slots = self.gpu_slots if self._batched_on_gpus() else self.parallel_slots
         if self.seconds_per_client is None:  # first rounds: nothing measured yet
-            return min(num_clients, self.parallel_slots)
+            return min(num_clients, slots)
         worth = int(num_clients * self.seconds_per_client / self.MIN_TASK_SECONDS)
-        return max(1, min(num_clients, self.parallel_slots, worth))
+        return max(1, min(num_clients, slots, worth))
 
     MIN_TASK_SECONDS = 0.002
 
