@@ -131,11 +131,18 @@ def top_k_masks(scores: torch.Tensor, k: float, mask_by_abs: bool = False) -> to
         return torch.ones_like(scores)
     threshold = torch.kthvalue(flat, dropped, dim=1, keepdim=True).values
     keep = flat > threshold
-    ties = flat == threshold
-    # per client: how many of its threshold ties are dropped (all of them when it has no more
-    # entries <= the threshold than it drops: then keep is its mask already)
-    ties_dropped = dropped - (flat < threshold).sum(dim=1, keepdim=True)
-    keep |= ties & (torch.cumsum(ties, dim=1) > ties_dropped)
+    # A client whose entries above the threshold are already the n - dropped it keeps drops
+    # all its threshold ties: keep is its mask (the usual case: distinct float scores). Only
+    # the others need the ties' running count, which was a third of the batched FRL step's
+    # time when computed for every client (50 clients of 300k scores on a CPU: 3.5 of 23 s).
+    short = keep.sum(dim=1) < flat.shape[1] - dropped
+    if bool(short.any()):
+        rows = short.nonzero().reshape(-1)
+        sub, at = flat[rows], threshold[rows]
+        ties = sub == at
+        # per client: how many of its threshold ties are dropped
+        ties_dropped = dropped - (sub < at).sum(dim=1, keepdim=True)
+        keep[rows] |= ties & (torch.cumsum(ties, dim=1) > ties_dropped)
     return keep.to(scores.dtype).view_as(scores)
 
 
