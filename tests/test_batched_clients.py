@@ -354,9 +354,8 @@ def test_fedaws_with_an_embedding_bag_falls_back_with_one_line(tmp_path, capsys)
     run(config, tmp_path / "bag", progress=False, tensorboard=False)
     lines = [line for line in capsys.readouterr().err.splitlines() if "clients.batched" in line]
     assert lines == [
-        "raysim: notice: clients.batched: algorithm 'fedaws': an embedding-bag model trains a "
-        "per-client table of the rows it touches; training clients one at a time "
-        "(docs/BATCHED.md)"
+        "raysim: notice: clients.batched: algorithm 'fedaws': embedding-bag clients are slower "
+        "batched than one at a time on a CPU; training clients one at a time (docs/BATCHED.md)"
     ]
 
 
@@ -377,6 +376,23 @@ def test_batched_top_k_masks_equal_the_one_client_mask(k, mask_by_abs):
     for client in range(len(scores)):
         expected = top_k_mask(scores[client], k, mask_by_abs)
         assert torch.equal(masks[client], expected), client
+
+
+def test_batched_positions_equal_each_clients_own_ranking():
+    from raysim.algorithms.frl import batched_positions, positions_of, ranking_of, split_layers
+
+    rng = np.random.default_rng(2)
+    sizes = [12, 30, 7]
+    scores = rng.integers(-3, 4, size=(4, sum(sizes))).astype(np.float32)  # ties
+    scores[1] = rng.standard_normal(sum(sizes))
+    scores[2, :5] = -0.0
+    scores[2, 5:9] = np.nan
+    scores[3, 3] = np.inf
+    positions = batched_positions(torch.from_numpy(scores), sizes)
+    for client in range(len(scores)):
+        layers = split_layers(scores[client], sizes)
+        expected = np.concatenate([positions_of(ranking_of(layer)) for layer in layers])
+        assert np.array_equal(positions[client], expected), client
 
 
 def test_frl_batched_rankings_match_sequential_and_a_cpu_trains_one_at_a_time():

@@ -117,6 +117,20 @@ def positions_of(ranking: np.ndarray) -> np.ndarray:
     return positions
 
 
+def batched_positions(scores: torch.Tensor, sizes: Sequence[int]) -> np.ndarray:
+    """`positions_of(ranking_of(layer))` of every client's layers, concatenated: `scores` is
+    [clients, edges] (float32, any device), the result [clients, edges] int64 on the CPU. The
+    same stable sort of the same integer keys as `ranking_of`, for all clients at once."""
+    count = len(scores)
+    positions = []
+    for layer in torch.split(scores, list(sizes), dim=1):
+        keys = float_order_key(layer).view(count, -1)
+        order = torch.sort(keys, dim=1, stable=True).indices
+        rank = torch.arange(order.shape[1], device=order.device).expand(count, -1)
+        positions.append(torch.empty_like(order).scatter_(1, order, rank))
+    return torch.cat(positions, dim=1).cpu().numpy()
+
+
 def vote(position_sums: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The new global ranking per layer: R_g = argsort(A), A = sum over clients of positions."""
     return [ranking_of(summed) for summed in position_sums]
@@ -349,16 +363,16 @@ class FRL:
             device=device,
             trainable=names,
             step_inputs=masks,
+            as_tensor=True,
         )
+        # Every client's rankings in one stable sort per layer on the chunk's device (a CPU
+        # sort per client and layer cost more than the GPU's training of the chunk).
+        trained_positions = batched_positions(trained, self.layer_sizes(ctx))
+        global_positions = np.concatenate([positions_of(r) for r in global_rankings.rankings])
         updates = []
         for i, client_id in enumerate(batch.client_ids):
-            if len(batch.ys[i]):
-                rankings = [
-                    ranking_of(layer) for layer in split_layers(trained[i], self.layer_sizes(ctx))
-                ]
-            else:  # nothing to learn from: vote for the current global ranking
-                rankings = global_rankings.rankings
-            positions = np.concatenate([positions_of(ranking) for ranking in rankings])
+            # a client without samples votes for the current global ranking
+            positions = trained_positions[i] if len(batch.ys[i]) else global_positions
             updates.append(
                 ClientUpdate(
                     client_id=client_id,

@@ -221,7 +221,8 @@ def train_batched(
     extra_lr: float | Sequence[float] | None = None,
     trainable: Sequence[str] | None = None,
     step_inputs: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
-) -> tuple[np.ndarray, list[float]]:
+    as_tensor: bool = False,
+) -> tuple[np.ndarray | torch.Tensor, list[float]]:
     """Train `batch`'s clients together from `starts` (one flat model vector each); returns
     the trained vectors (float32, one row per client, in order) and each client's mean loss.
 
@@ -237,7 +238,8 @@ def train_batched(
     shared by every client (FRL: the scores are trained, the supernet's weights are shared).
     `step_inputs(params)`: more per-client tensors for the model, computed before every step
     from the stacked current values outside the autograd graph and passed to it by name with
-    them (FRL: each layer's top-k mask, `given_mask`).
+    them (FRL: each layer's top-k mask, `given_mask`). `as_tensor`: the trained rows come
+    back as a float32 tensor on `device` (FRL ranks them there, all clients in one sort).
 
     The twin of `local_training` with `fresh_sgd`: every step's loss is the client's mean of
     `sample_loss(outputs, targets)` over its batch's real rows, plus 0.5 * proximal_mu *
@@ -266,7 +268,10 @@ def train_batched(
     if max(sizes, default=0) and batch.rows < min(batch_size, max(sizes)):
         raise ValueError(f"rows={batch.rows} is fewer than a batch of this chunk holds")
     if not sum(sizes):
-        return np.stack([np.asarray(s, dtype=np.float32) for s in starts]), [float("nan")] * count
+        untrained = np.stack([np.asarray(s, dtype=np.float32) for s in starts])
+        if as_tensor:
+            return torch.from_numpy(untrained).to(device), [float("nan")] * count
+        return untrained, [float("nan")] * count
     plan = _plan(
         sizes,
         batch.generators,
@@ -314,7 +319,9 @@ def train_batched(
             params, grads, buffers, active[step], rates[step], momentum, weight_decay, extra_lrs
         )
     trained = torch.cat([params[name].reshape(slots, -1) for name in params], dim=1)
-    trained = trained[:count].detach().cpu().numpy().astype(np.float32, copy=False)
+    trained = trained[:count].detach()
+    if not as_tensor:
+        trained = trained.cpu().numpy().astype(np.float32, copy=False)
     step_losses = losses.double().numpy()
     means = []
     for slot, steps in enumerate(plan.steps):
