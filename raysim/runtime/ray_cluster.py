@@ -86,13 +86,18 @@ def connect(runtime: RuntimeConfig, address: str | None = None) -> bool:
         try:
             context = ray.init(
                 num_cpus=runtime.num_cpus,
-                include_dashboard=runtime.dashboard,
+                include_dashboard=include_dashboard(runtime),
                 dashboard_host=runtime.dashboard_host,
                 logging_level=logging.WARNING,
                 runtime_env=runtime_env,
                 _system_config=LOCAL_RAY_SYSTEM_CONFIG,
             )
         except Exception as error:
+            # A Ray whose dashboard check is not the one include_dashboard reuses: one line, no
+            # retry (the failed start leaves its GCS running in this process until it exits).
+            if DASHBOARD_MISSING_TEXT in str(error):
+                ray.shutdown()
+                raise RaysimError(_dashboard_refused(error)) from None
             # Ray raises a bare Exception when its raylet does not register within its fixed
             # 30 s (a machine whose cores are all busy); anything else keeps its traceback.
             if STARTUP_TIMEOUT_TEXT not in str(error):
@@ -111,6 +116,57 @@ def connect(runtime: RuntimeConfig, address: str | None = None) -> bool:
 
 # What Ray's node start says when its raylet did not register with the GCS in time.
 STARTUP_TIMEOUT_TEXT = "timed out during startup"
+# What Ray's node start raises (after a 5-line log) when asked for a dashboard whose packages
+# are missing: `pip install ray` without `[default]` (services.start_api_server).
+DASHBOARD_MISSING_TEXT = "Cannot include dashboard with missing packages"
+DASHBOARD_FIX = 'pip install "ray[default]"'
+
+
+def dashboard_dependency_error() -> ImportError | None:
+    """Why Ray cannot start its dashboard in this environment, or None where it can: Ray's
+    own check (ray._private.utils.get_dashboard_dependency_error, the import of
+    ray.dashboard.optional_deps: aiohttp, aiohttp_cors, grpc, opencensus, opentelemetry,
+    prometheus_client, pydantic), the condition under which ray.init(include_dashboard=True)
+    raises. The modules it imports are the ones Ray's start imports next anyway."""
+    try:
+        from ray._private.utils import get_dashboard_dependency_error
+    except ImportError:  # another Ray: the same import, made here
+        try:
+            import ray.dashboard.optional_deps  # noqa: F401
+        except ImportError as error:
+            return error
+        return None
+    return get_dashboard_dependency_error()
+
+
+def include_dashboard(runtime: RuntimeConfig) -> bool:
+    """runtime.dashboard, unless Ray's dashboard packages are missing: then Ray starts without
+    it and one line says so (Ray itself would stop the run with a 20-line traceback)."""
+    if not runtime.dashboard:
+        return False
+    error = dashboard_dependency_error()
+    if error is None:
+        return True
+    print(
+        f"raysim: notice: Ray's dashboard packages are missing ({_reason(error)}), so Ray "
+        f"starts without its dashboard; {DASHBOARD_FIX} adds them "
+        f"(runtime.dashboard: false skips this notice)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
+
+
+def _reason(error: BaseException) -> str:
+    return " ".join(str(error).split())[:160]
+
+
+def _dashboard_refused(error: BaseException) -> str:
+    return (
+        f"Ray could not start its dashboard ({_reason(error)}): its packages are missing or "
+        f"broken; {DASHBOARD_FIX} installs them, or set runtime.dashboard: false "
+        f"(--set runtime.dashboard=false) to run without it"
+    )
 
 
 def _startup_timeout() -> str:
