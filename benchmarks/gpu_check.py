@@ -4,11 +4,13 @@
     python benchmarks/gpu_check.py --small    # the same on the CPU, small (a test runs it)
 
   (a) FedAvg / LeNet on MNIST-shaped synthetic data (1x28x28), clients.num_gpus 0.25 (four
-      client tasks share one GPU, one client per task, on the Ray backend): rounds per second
-      (median round) against the same run with CPU clients.
+      client tasks share one GPU, on the Ray backend): rounds per second (median round) with
+      one client per task trained one at a time, and with clients.batched (5 clients a task,
+      vmapped together), against the same run with CPU clients (one at a time).
   (b) FRL with a Conv8 supernet on CIFAR-shaped synthetic data (3x32x32, 10 classes): the
-      client seconds of a round (the second: the first also builds the supernet), GPU
-      against CPU.
+      client seconds of a round per client (the second round: the first also builds the
+      supernet), a round of 10 clients on the GPU against a round of 2 on the CPU (the CPU
+      reference is kept small: its round of 10 took 73 s on the H200's host).
   (c) FedAwS at full scale (synthetic_xml --scale 1: 670,091 classes, the paper's model),
       one round with the clients, the exact index search, spreadout and evaluation on the GPU
       (clients.num_gpus 1, server.num_gpus 1, local backend so every phase runs in this
@@ -22,23 +24,37 @@
       clients per second (the median round of 3, the first dropped) and the final accuracies,
       which agree to float rounding. Also FedAwS's one-class clients (MLP embedding) and FRL's
       supermask clients (MLP supernet; batched on a GPU only), 100 and 1,000 a round.
+  (f) The flagship, examples/fedaws_amazon670k.py's FedAwS at full scale (its `--scale 1`
+      config, built by the example's own base_config: 670,091 classes, 4,000 one-class
+      clients a round), 3 rounds on the Ray backend with clients.batched, the one GPU shared by
+      the client tasks (clients.num_gpus 0.5) and the server actor (server.num_gpus 0.5:
+      exact index search, spreadout, evaluation): each round's seconds by phase, the peak GPU
+      memory in use on the device (all processes, sampled) and the host processes' peaks.
 
-`--parts e` (or any of a b c d e) runs only those parts.
+`--parts e f` (or any of a b c d e f) runs only those parts (always in the order d b a e c f).
+Each part has a wall-time budget on an H200 (BUDGET_S, 465 s together); a line after each part
+gives its seconds against it, and a part whose budget no longer fits in what is left of
+--budget-s (480 s without --small) is skipped, with a line, so the whole check ends within it.
+The JSON report is written after every part.
 
 With --small, "accelerator" is the CPU (both columns run there, at a small scale, the Ray
-backend replaced by the local one) so the script and every code path it drives stay tested on
-machines without a GPU. Prints a table; writes benchmarks/results/gpu_check.json (--small:
-gpu_check_small.json, or --json PATH).
+backend replaced by the local one unless --backend ray) so the script and every code path it
+drives stay tested on machines without a GPU. Prints a table; writes
+benchmarks/results/gpu_check.json (--small: gpu_check_small.json, or --json PATH).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+import importlib.util
 import json
 import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +65,12 @@ import raysim
 from raysim.index import build_index
 
 RESULTS = Path(__file__).resolve().parent / "results"
+FLAGSHIP = Path(__file__).resolve().parents[1] / "examples" / "fedaws_amazon670k.py"
+# Wall seconds each part may take on one H200, in the order they run (the longest and least
+# known last, so that a kill loses only it: the report is written after every part); together
+# under 8 minutes. (b) was measured there (169 s before its CPU reference shrank); the others
+# are estimates: replace them with a run's `part_s`.
+BUDGET_S = {"d": 45, "b": 60, "a": 60, "e": 75, "c": 75, "f": 150}
 
 
 def _rounds(result) -> dict[str, list[float]]:
@@ -66,9 +88,78 @@ def _run(raw: dict, out: Path, address: str | None = None):
     return raysim.run(raw, out, address=address, progress=False, tensorboard=False)
 
 
+def _backend(args) -> str:
+    """The backend of the Ray parts, (a) and (f): Ray, or with --small the local backend."""
+    if args.backend != "auto":
+        return args.backend
+    return "local" if args.small else "ray"
+
+
+@contextlib.contextmanager
+def _one_ray(args, backend: str):
+    """One Ray (no dashboard: not this check's subject) for every run of a part, instead of a
+    start and a stop per run; nothing where the backend is local or Ray is already up."""
+    if backend != "ray":
+        yield
+        return
+    from raysim.config import RuntimeConfig
+    from raysim.runtime import ray_cluster
+
+    started = ray_cluster.connect(RuntimeConfig(address=args.address, dashboard=False))
+    try:
+        yield
+    finally:
+        if started:
+            ray_cluster.disconnect()
+
+
+class GpuMemoryPeak:
+    """The most GPU memory in use on the device while the block runs: every process (the
+    driver, Ray's server actor and client workers), sampled every 0.1 s (cudaMemGetInfo).
+    `baseline_bytes`: in use when it began (the driver's context, after emptying its cache)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.peak_bytes, self.baseline_bytes = enabled, 0, 0
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        free, total = torch.cuda.mem_get_info()
+        self.peak_bytes = max(self.peak_bytes, total - free)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def __enter__(self):
+        if self.enabled:
+            gc.collect()
+            torch.cuda.empty_cache()  # what earlier parts left cached in this process
+            self._sample()
+            self.baseline_bytes = self.peak_bytes
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+
+    @property
+    def peak_gib(self) -> float | None:
+        return self.peak_bytes / 2**30 if self.enabled else None
+
+    @property
+    def baseline_gib(self) -> float | None:
+        return self.baseline_bytes / 2**30 if self.enabled else None
+
+
 def fedavg_lenet(args, accelerator: str, work: Path) -> dict:
-    """(a) client tasks sharing the accelerator: rounds per second, accelerator vs CPU."""
-    rounds = 3 if args.small else 20
+    """(a) client tasks sharing the accelerator: rounds per second, accelerator (one client a
+    task trained alone, and 5 a task batched) vs CPU."""
+    rounds = 3 if args.small else 10  # the median round of 10 (the first starts the workers)
+    backend = _backend(args)
     base = {
         "run": {"name": "gpu_check_fedavg", "rounds": rounds, "eval_every": rounds},
         "data": {
@@ -82,61 +173,88 @@ def fedavg_lenet(args, accelerator: str, work: Path) -> dict:
         "clients": {"per_round": 20, "local_epochs": 2, "batch_size": 16, "per_task": 1},
         "model": {"name": "lenet"},
         "algorithm": {"name": "fedavg"},
-        "runtime": {"backend": "local" if args.small else "ray"},
+        "runtime": {"backend": backend, "dashboard": False},
     }
     gpus = 0.25 if accelerator == "cuda" else 0.0
+    # Batched with clients.per_task auto: one task per GPU takes the round's 20 clients and
+    # trains them in one vmapped chunk (clients.batch_chunk auto: up to a round's clients).
+    batched = {"batched": True, "per_task": "auto", "batch_chunk": "auto"}
     rows = {}
-    for label, num_gpus in (("cpu", 0.0), ("accelerator", gpus)):
-        raw = json.loads(json.dumps(base))
-        raw["clients"]["num_gpus"] = num_gpus
-        result = _run(raw, work / f"fedavg-{label}", args.address)
-        rows[label] = {
-            # the median round: the first one also starts workers and CUDA contexts
-            "rounds_per_s": 1.0 / result.summary["median_round_s"],
-            "accuracy": result.summary["final"]["accuracy"],
-        }
+    with _one_ray(args, backend):
+        for label, num_gpus, extra in (
+            ("cpu", 0.0, {}),
+            ("accelerator", gpus, {}),
+            ("accelerator_batched", gpus, batched),
+        ):
+            raw = json.loads(json.dumps(base))
+            raw["clients"].update(num_gpus=num_gpus, **extra)
+            result = _run(raw, work / f"fedavg-{label}", args.address)
+            packing = (result.summary.get("placement") or {}).get("packing") or {}
+            rows[label] = {
+                # the median round: the first one also starts workers and CUDA contexts
+                "rounds_per_s": 1.0 / result.summary["median_round_s"],
+                "accuracy": result.summary["final"]["accuracy"],
+                "packing": packing.get("rule", f"{backend} backend"),
+            }
+    cpu = rows["cpu"]["rounds_per_s"]
+    one, many = rows["accelerator"]["rounds_per_s"], rows["accelerator_batched"]["rounds_per_s"]
     return {
         "clients_num_gpus": gpus,
         "rounds": rounds,
-        "cpu_rounds_per_s": rows["cpu"]["rounds_per_s"],
-        "accelerator_rounds_per_s": rows["accelerator"]["rounds_per_s"],
-        "speedup": rows["accelerator"]["rounds_per_s"] / rows["cpu"]["rounds_per_s"],
+        "backend": backend,
+        "cpu_rounds_per_s": cpu,
+        "accelerator_rounds_per_s": one,
+        "speedup": one / cpu,
         "cpu_accuracy": rows["cpu"]["accuracy"],
         "accelerator_accuracy": rows["accelerator"]["accuracy"],
+        "batched_packing": rows["accelerator_batched"]["packing"],
+        "accelerator_batched_rounds_per_s": many,
+        "batched_speedup": many / cpu,
+        "batched_over_one_at_a_time": many / one,
+        "accelerator_batched_accuracy": rows["accelerator_batched"]["accuracy"],
     }
 
 
 def frl_conv8(args, accelerator: str, work: Path) -> dict:
-    """(b) one FRL round of Conv8 clients: client seconds, accelerator vs CPU."""
-    per_round = 2 if args.small else 10
-    raw_base = {
-        "run": {"name": "gpu_check_frl", "rounds": 2, "eval_every": 2},
-        "data": {
-            "name": "synthetic_classification",
-            "num_samples": 40 * per_round if args.small else 500 * per_round,
-            "num_test": 100 if args.small else 1000,
-            "num_classes": 10,
-            "sample_shape": [3, 32, 32],
-        },
-        "partition": {"name": "iid", "num_clients": per_round},
-        "clients": {"per_round": per_round, "local_epochs": 1, "batch_size": 32, "lr": 0.1},
-        "model": {"name": "conv2" if args.small else "conv8"},
-        "algorithm": {"name": "frl", "k": 0.5},
-        "runtime": {"backend": "local"},
-    }
+    """(b) FRL Conv8 clients: client seconds per client of the second round, a round of 10 on
+    the accelerator vs a round of 2 on the CPU (same clients' size: 500 samples each)."""
+    per_round = {"cpu": 2, "accelerator": 2 if args.small else 10}
+    samples = 40 if args.small else 500  # per client
     seconds = {}
     for label, num_gpus in (("cpu", 0.0), ("accelerator", 1.0 if accelerator == "cuda" else 0.0)):
-        raw = json.loads(json.dumps(raw_base))
+        clients = per_round[label]
+        raw = {
+            "run": {"name": "gpu_check_frl", "rounds": 2, "eval_every": 2},
+            "data": {
+                "name": "synthetic_classification",
+                "num_samples": samples * clients,
+                "num_test": 100 if args.small else 200,  # evaluation is not what (b) times
+                "num_classes": 10,
+                # --small: 16x16 images, a 4x smaller dense layer (its scores are sorted)
+                "sample_shape": [3, 16, 16] if args.small else [3, 32, 32],
+            },
+            "partition": {"name": "iid", "num_clients": clients},
+            "clients": {"per_round": clients, "local_epochs": 1, "batch_size": 32, "lr": 0.1},
+            "model": {"name": "conv2" if args.small else "conv8"},
+            "algorithm": {"name": "frl", "k": 0.5},
+            "runtime": {"backend": "local"},
+        }
         raw["clients"]["num_gpus"] = num_gpus
         raw["server"] = {"num_gpus": num_gpus}
         phases = _rounds(_run(raw, work / f"frl-{label}"))
         seconds[label] = phases["clients_s"][-1]
+    cpu_each = seconds["cpu"] / per_round["cpu"]
+    acc_each = seconds["accelerator"] / per_round["accelerator"]
     return {
-        "model": raw_base["model"]["name"],
-        "clients": per_round,
+        "model": "conv2" if args.small else "conv8",
+        "clients": per_round["accelerator"],
+        "cpu_clients": per_round["cpu"],
+        "samples_per_client": samples,
         "cpu_client_s": seconds["cpu"],
         "accelerator_client_s": seconds["accelerator"],
-        "speedup": seconds["cpu"] / seconds["accelerator"],
+        "cpu_s_per_client": cpu_each,
+        "accelerator_s_per_client": acc_each,
+        "speedup": cpu_each / acc_each,
     }
 
 
@@ -195,6 +313,81 @@ def fedaws_full_scale(args, accelerator: str, work: Path) -> dict:
             torch.cuda.max_memory_allocated() / 2**30 if accelerator == "cuda" else None
         ),
         "p@1": result.summary["final"].get("p@1"),
+    }
+
+
+def _flagship_example():
+    """examples/fedaws_amazon670k.py as a module (it finds example_cli beside itself)."""
+    spec = importlib.util.spec_from_file_location("fedaws_amazon670k", FLAGSHIP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FLAGSHIP_PHASES = ("clients_s", "aggregate_s", "index_s", "spreadout_s", "evaluate_s", "round_s")
+
+
+def fedaws_flagship(args, accelerator: str, work: Path) -> dict:
+    """(f) the flagship example's FedAwS at full scale, 3 rounds on Ray with batched clients on
+    the one GPU: each round's seconds by phase, peak memory."""
+    from raysim import config as config_module
+    from raysim.data.datasets import load_dataset
+
+    example = _flagship_example()
+    rounds, scale = 3, 0.002 if args.small else 1.0
+    argv = ["--scale", str(scale), "--rounds", str(rounds)]
+    argv += ["--clients-per-round", "64"] if args.small else []
+    argv += ["--address", args.address] if args.address else []
+    options = example.parse_args(argv)
+    # What the example's --scale study does before its runs (fedaws_amazon670k._study): one
+    # client per class that has training points, min(4000, those) a round, the paper's k=10.
+    data = {"name": "synthetic_xml", "scale": options.scale}
+    probe = config_module.from_dict({"run": {"seed": options.seed}, "data": dict(data)})
+    dataset = load_dataset(probe)
+    classes, clients = dataset.num_classes, int(len(np.unique(dataset.train_y)))
+    del dataset
+    data["_num_clients"] = clients
+    per_round = min(options.clients_per_round or 4000, clients)
+    model = {**example.SMALL_MODEL, "embedding_dim": 64} if args.small else dict(example.FULL_MODEL)
+    raw = example.base_config(options, data, model, rounds, per_round, options.k or 10)
+    raw["algorithm"]["eval_max_points"] = 2000
+    # The one GPU, shared: the server actor reserves half of it (exact index search, spreadout,
+    # evaluation) and the client tasks the other half. Ray's fractions only schedule (each
+    # process may use the whole device); server.num_gpus 1 with clients.num_gpus 1 would leave
+    # no client task room to start on a one-GPU machine.
+    gpus = 0.5 if accelerator == "cuda" else 0.0
+    backend = _backend(args)
+    raw["run"]["name"] = "gpu_check_flagship"
+    raw["clients"].update(batched=True, num_gpus=gpus)
+    raw["server"]["num_gpus"] = gpus
+    raw["runtime"].update(backend=backend, dashboard=False)
+    started = time.perf_counter()
+    with _one_ray(args, backend), GpuMemoryPeak(accelerator == "cuda") as memory:
+        result = _run(raw, work / "flagship", args.address)
+    total_s = time.perf_counter() - started
+    times = _rounds(result)
+    summary = result.summary
+    return {
+        "example": "examples/fedaws_amazon670k.py --scale " + f"{scale:g}",
+        "classes": classes,
+        "clients_total": clients,
+        "clients": per_round,
+        "rounds": rounds,
+        "backend": backend,
+        "batched": True,
+        "clients_num_gpus": gpus,
+        "server_num_gpus": gpus,
+        "total_s": total_s,
+        # the phases asked about first, then any other the run reports (client_compute_s)
+        "phases_s": {
+            **{key: times[key] for key in FLAGSHIP_PHASES if key in times},
+            **{key: values for key, values in times.items() if key not in FLAGSHIP_PHASES},
+        },
+        "peak_gpu_memory_gib": memory.peak_gib,
+        "gpu_memory_before_gib": memory.baseline_gib,
+        "driver_peak_rss_gib": summary["driver_peak_rss_bytes"] / 2**30,
+        "server_peak_rss_gib": summary["server_peak_rss_bytes"] / 2**30,
+        "p@1": summary["final"].get("p@1"),
     }
 
 
@@ -280,8 +473,8 @@ def batched_clients(args, accelerator: str, work: Path) -> dict:
                         "batch_size": 8,
                         "num_gpus": gpus,
                         "batched": mode == "batched",
-                        # one chunk up to 1,024 clients: on a GPU a chunk is padded to this many
-                        "batch_chunk": min(per_round, 1024),
+                        # from the device's memory, up to the round's clients (one call)
+                        "batch_chunk": "auto",
                     },
                     "model": {"name": "mlp", "hidden": [64]},
                     "algorithm": {"name": "fedavg"},
@@ -297,6 +490,14 @@ def batched_clients(args, accelerator: str, work: Path) -> dict:
             row["speedup"] = row["batched_clients_per_s"] / row["sequential_clients_per_s"]
             rows.append(row)
     return {"clients_num_gpus": gpus, "rows": rows}
+
+
+def _gib(value: float | None) -> str:
+    return f"{value:.2f} GiB" if value is not None else "n/a (cpu)"
+
+
+def _p1(value: float | None) -> str:
+    return f"{value:.4f}" if value is not None else "n/a"
 
 
 def table(report: dict) -> str:
@@ -317,34 +518,88 @@ def table(report: dict) -> str:
             ),
             "",
         ]
-    if not all(key in report for key in ("fedavg_lenet", "frl_conv8", "fedaws", "index")):
-        return "\n".join(lines)
-    a, b, c, d = (report[key] for key in ("fedavg_lenet", "frl_conv8", "fedaws", "index"))
-    lines += [
-        f"| check | cpu | {acc} | ratio |",
-        "| --- | --- | --- | --- |",
-        f"| (a) FedAvg/LeNet, clients.num_gpus={a['clients_num_gpus']:g}: rounds/s | "
-        f"{a['cpu_rounds_per_s']:.3f} | {a['accelerator_rounds_per_s']:.3f} | "
-        f"{a['speedup']:.2f}x |",
-        f"| (b) FRL {b['model']}, one round of {b['clients']} clients: client s | "
-        f"{b['cpu_client_s']:.2f} | {b['accelerator_client_s']:.2f} | {b['speedup']:.2f}x |",
-        f"| (d) exact index, {d['rows']:,} x {d['dim']}, top-{d['k']} of {d['queries']:,}: s | "
-        f"{d['cpu_s']:.3f} | {d['accelerator_s']:.3f} | {d['speedup']:.2f}x |",
-        "",
-        f"(c) FedAwS, {c['classes']:,} classes, {c['clients']:,} clients, one round on {acc}: "
-        f"{c['total_s']:.1f} s for the whole run (start, round, outputs), p@1 {c['p@1']}",
-        "| phase | seconds |",
-        "| --- | --- |",
-        *(f"| {key} | {value:.3f} |" for key, value in c["phases_s"].items()),
-        "| peak GPU memory | "
-        + (
-            f"{c['peak_gpu_memory_gib']:.2f} GiB |"
-            if c["peak_gpu_memory_gib"] is not None
-            else "n/a (cpu) |"
-        ),
-        f"exact index: the two devices agree on {d['neighbour_agreement']:.4f} of the neighbours",
-    ]
-    return "\n".join(lines)
+    rows = []
+    if "fedavg_lenet" in report:
+        a = report["fedavg_lenet"]
+        gpus = f"clients.num_gpus={a['clients_num_gpus']:g}"
+        rows += [
+            f"| (a) FedAvg/LeNet, {gpus}, one client a task, one at a time: rounds/s | "
+            f"{a['cpu_rounds_per_s']:.3f} | {a['accelerator_rounds_per_s']:.3f} | "
+            f"{a['speedup']:.2f}x |",
+            f"| (a) FedAvg/LeNet, {gpus}, clients.batched ({a['batched_packing']}; "
+            f"{a['batched_over_one_at_a_time']:.2f}x one at a time): rounds/s | "
+            f"{a['cpu_rounds_per_s']:.3f} | {a['accelerator_batched_rounds_per_s']:.3f} | "
+            f"{a['batched_speedup']:.2f}x |",
+        ]
+    if "frl_conv8" in report:
+        b = report["frl_conv8"]
+        rows.append(
+            f"| (b) FRL {b['model']}, a round of {b['cpu_clients']} clients on cpu, "
+            f"{b['clients']} on {acc}: client s per client | {b['cpu_s_per_client']:.3f} | "
+            f"{b['accelerator_s_per_client']:.3f} | {b['speedup']:.2f}x |"
+        )
+    if "index" in report:
+        d = report["index"]
+        rows.append(
+            f"| (d) exact index, {d['rows']:,} x {d['dim']}, top-{d['k']} of {d['queries']:,}: "
+            f"s | {d['cpu_s']:.3f} | {d['accelerator_s']:.3f} | {d['speedup']:.2f}x |"
+        )
+    if rows:
+        lines += [f"| check | cpu | {acc} | ratio |", "| --- | --- | --- | --- |", *rows, ""]
+    if "fedaws" in report:
+        c = report["fedaws"]
+        lines += [
+            f"(c) FedAwS, {c['classes']:,} classes, {c['clients']:,} clients, one round on "
+            f"{acc}: {c['total_s']:.1f} s for the whole run (start, round, outputs), "
+            f"p@1 {_p1(c['p@1'])}",
+            "| phase | seconds |",
+            "| --- | --- |",
+            *(f"| {key} | {value:.3f} |" for key, value in c["phases_s"].items()),
+            f"| peak GPU memory | {_gib(c['peak_gpu_memory_gib'])} |",
+            "",
+        ]
+    if "fedaws_flagship" in report:
+        f = report["fedaws_flagship"]
+        rounds = range(1, f["rounds"] + 1)
+        lines += [
+            f"(f) FedAwS flagship ({f['example']}), {f['classes']:,} classes, {f['clients']:,} "
+            f"of {f['clients_total']:,} clients a round, {f['rounds']} rounds on the "
+            f"{f['backend']} backend, clients.batched, clients.num_gpus="
+            f"{f['clients_num_gpus']:g}, server.num_gpus={f['server_num_gpus']:g} on {acc}: "
+            f"{f['total_s']:.1f} s for the whole run, p@1 {_p1(f['p@1'])}",
+            "| phase | " + " | ".join(f"round {r} s" for r in rounds) + " |",
+            "| --- |" + " --- |" * len(rounds),
+            *(
+                f"| {key} | " + " | ".join(f"{value:.3f}" for value in values) + " |"
+                for key, values in f["phases_s"].items()
+            ),
+            f"| peak GPU memory in use (device, all processes) | {_gib(f['peak_gpu_memory_gib'])}"
+            + (
+                f" ({f['gpu_memory_before_gib']:.2f} GiB before the run)"
+                if f["gpu_memory_before_gib"] is not None
+                else ""
+            )
+            + " |" * len(rounds),
+            f"| peak host memory (driver / server) | {f['driver_peak_rss_gib']:.2f} / "
+            f"{f['server_peak_rss_gib']:.2f} GiB" + " |" * len(rounds),
+            "",
+        ]
+    if "index" in report:
+        lines.append(
+            f"exact index: the two devices agree on {report['index']['neighbour_agreement']:.4f} "
+            "of the neighbours"
+        )
+    return "\n".join(lines).rstrip("\n")
+
+
+PARTS = {  # part: the report's key, in the order they run
+    "d": "index",
+    "b": "frl_conv8",
+    "a": "fedavg_lenet",
+    "e": "batched",
+    "c": "fedaws",
+    "f": "fedaws_flagship",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,10 +608,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--small", action="store_true", help="CPU only, small scale (tests)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats of (d)")
-    parser.add_argument("--address", default=None, help="Ray cluster for (a) (none: local Ray)")
+    parser.add_argument(
+        "--address", default=None, help="Ray cluster for (a) and (f) (none: local Ray)"
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "ray", "local"),
+        default="auto",
+        help="backend of (a) and (f) (auto: ray, or local with --small)",
+    )
     parser.add_argument("--json", default=None, help="where to write the JSON report")
     parser.add_argument(
-        "--parts", nargs="+", default=list("abcde"), choices=list("abcde"), help="parts to run"
+        "--parts", nargs="+", default=list(PARTS), choices=list(PARTS), help="parts to run"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="skip a part whose budget (BUDGET_S) no longer fits in what is left of this many "
+        "seconds (none: 480, or no limit with --small; 0: no limit)",
     )
     args = parser.parse_args(argv)
     if args.small:
@@ -370,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    limit = args.budget_s if args.budget_s is not None else (0.0 if args.small else 480.0)
     report = {
         "accelerator": accelerator,
         "device_name": torch.cuda.get_device_name() if accelerator == "cuda" else "cpu",
@@ -377,28 +648,61 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "raysim": raysim.__version__,
+        "budget_s": limit or None,
+        "part_s": {},
+        "skipped": [],
     }
-    with tempfile.TemporaryDirectory(prefix="gpu_check-") as work:
-        work = Path(work)
-        for part, key, check in (
-            ("d", "index", lambda: exact_index_step(args, accelerator)),
-            ("b", "frl_conv8", lambda: frl_conv8(args, accelerator, work)),
-            ("a", "fedavg_lenet", lambda: fedavg_lenet(args, accelerator, work)),
-            ("c", "fedaws", lambda: fedaws_full_scale(args, accelerator, work)),
-            ("e", "batched", lambda: batched_clients(args, accelerator, work)),
-        ):
-            if part not in args.parts:
-                continue
-            started = time.perf_counter()
-            report[key] = check()
-            print(f"gpu_check: {key} done ({time.perf_counter() - started:.1f} s)", flush=True)
-    print(table(report))
     path = (
         Path(args.json)
         if args.json
         else RESULTS / ("gpu_check_small.json" if args.small else "gpu_check.json")
     )
     path.parent.mkdir(parents=True, exist_ok=True)
+    checks = {
+        "d": lambda work: exact_index_step(args, accelerator),
+        "b": lambda work: frl_conv8(args, accelerator, work),
+        "a": lambda work: fedavg_lenet(args, accelerator, work),
+        "c": lambda work: fedaws_full_scale(args, accelerator, work),
+        "f": lambda work: fedaws_flagship(args, accelerator, work),
+        "e": lambda work: batched_clients(args, accelerator, work),
+    }
+    chosen = [part for part in PARTS if part in args.parts]
+    planned = sum(BUDGET_S[part] for part in chosen)
+    print(
+        f"gpu_check: parts {' '.join(chosen)}, budgets on an H200 "
+        f"{' + '.join(str(BUDGET_S[part]) for part in chosen)} = {planned} s"
+        + (f" of --budget-s {limit:g}" if limit else ""),
+        flush=True,
+    )
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as work:
+        work = Path(work)
+        for part in chosen:
+            key, budget = PARTS[part], BUDGET_S[part]
+            used = time.perf_counter() - began
+            if limit and used + budget > limit:
+                report["skipped"].append(part)
+                print(
+                    f"gpu_check: ({part}) {key} skipped: its budget {budget} s does not fit in "
+                    f"the {limit - used:.0f} s left of --budget-s {limit:g} (--parts {part} "
+                    f"runs it alone)",
+                    flush=True,
+                )
+                continue
+            started = time.perf_counter()
+            report[key] = checks[part](work)
+            took = time.perf_counter() - started
+            report["part_s"][part] = took
+            total = time.perf_counter() - began
+            print(
+                f"gpu_check: ({part}) {key} done in {took:.1f} s (budget {budget} s"
+                + (", over it" if took > budget and not args.small else "")
+                + f"); {total:.1f} s so far"
+                + (f" of {limit:g}" if limit else ""),
+                flush=True,
+            )
+            path.write_text(json.dumps(report, indent=2) + "\n")  # what is done survives a kill
+    print(table(report))
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")
     return 0
