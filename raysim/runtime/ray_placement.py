@@ -113,6 +113,11 @@ class ClientPlacement:
     # round after a switch not counted), the faster one is used, and the other is timed again
     # every REPROBE_EVERY rounds. Results do not depend on the place (bit for bit).
     REPROBE_EVERY = 50
+    # Rounds a place trains before it is timed. Two: a process's first batched call pays
+    # torch.func's start (1.5-2 s) and its second is still slow (batched "many" digits rounds
+    # in the server actor: 1.77 s, 0.089 s, then 0.03 s); timed on the second, the server
+    # looked 3x slower than the tasks and was not tried again for REPROBE_EVERY rounds.
+    SETTLE_ROUNDS = 2
 
     def _server_eligible(self) -> bool:
         """Whether clients may train in the server actor at all: only with automatic packing
@@ -134,7 +139,7 @@ class ClientPlacement:
         if decided is None:
             decided = self._placement[round_index] = self._place(round_index)
             self._say_if_moved(round_index, decided)
-            for old in [r for r in self._placement if r < round_index - 2]:
+            for old in [r for r in self._placement if r < round_index - 1 - self.SETTLE_ROUNDS]:
                 del self._placement[old]  # (only the last rounds are ever looked at)
                 self._clients_of.pop(old, None)
         return decided
@@ -192,14 +197,16 @@ class ClientPlacement:
 
     def _record_round_time(self, round_index: int) -> None:
         """Time the round before this call (the period between two calls) for its place,
-        when the round before it trained in the same place (steady state)."""
+        when the SETTLE_ROUNDS rounds before it trained in the same place (steady state)."""
         now = time.perf_counter()
         previous, self._last_call = self._last_call, (round_index, now)
         if previous is None or previous[0] != round_index - 1:
             return
-        earlier = self._placement.get(round_index - 2)
         place = self._placement.get(round_index - 1)
-        if place is None or earlier is None or earlier != place:
+        earlier = [
+            self._placement.get(round_index - 1 - k) for k in range(1, self.SETTLE_ROUNDS + 1)
+        ]
+        if place is None or any(e is None or e != place for e in earlier):
             return
         per_client = (now - previous[1]) / max(1, self._clients_of.get(round_index - 1, 1))
         key = "server" if place else "tasks"
