@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from raysim.algorithms.fedaws_bag_batched import bag_batching_problem, train_bag_batched
 from raysim.algorithms.fedaws_reduce import TaskReducer, merge_reduced
 from raysim.algorithms.fedaws_wire import Broadcast, forget_payload, next_client
 from raysim.config import MAX_LEARNING_RATE
@@ -198,26 +199,37 @@ class ClassEmbeddingMethod:
     def batching_problem(self, ctx: RunContext) -> str | None:
         """Why this run's clients cannot train batched, or None. A method's
         `batched_client_updates` reproduces the `client_update` of the class that defines it;
-        a subclass that overrides `client_update` below it trains one client at a time. A
-        model with an embedding bag trains a table of the feature rows each client touches,
-        of a different size per client, so it is not batched either."""
+        a subclass that overrides `client_update` below it trains one client at a time. On a
+        model with an embedding bag each client also trains its table of touched rows
+        (raysim.algorithms.fedaws_bag_batched, which says when it cannot: on a CPU)."""
         stale = overridden_below_batched_twin(self, ("client_update",))
         if stale:
             return stale
         model = cached_model(ctx, client_device(ctx))
         if layout_of(model).bag is not None:
-            return "an embedding-bag model trains a per-client table of the rows it touches"
+            return bag_batching_problem(model, client_device(ctx))
         return model_problem(model, ctx.input_shape)
 
     def _train_batched(self, broadcast: Broadcast, batch, ctx: RunContext, extras, extra_lr, loss):
         """Train a chunk of clients from theta plus each one's `extras` (its own values beside
         theta, stepped at `extra_lr`; `loss(embeddings, targets, extra)` per sample).
-        Returns (theta, trained rows [theta | extra] per client, mean losses)."""
+        Returns (theta's dense part; per client, its trained dense part and its trained
+        extras (rows of two arrays); the mean losses; each client's bag part of its message,
+        `bag_ids` and `bag_rows` as `theta_message` gives them: {} without an embedding
+        bag). With an embedding bag, raysim.algorithms.fedaws_bag_batched trains the
+        clients' tables of touched rows too."""
         clients = ctx.config.clients
         device = client_device(ctx)
+        model = cached_model(ctx, device)
+        layout = layout_of(model)
+        if layout.bag is not None:
+            return train_bag_batched(
+                model, layout, broadcast.theta, batch, extras, lr=clients.lr,
+                extra_lr=extra_lr, sample_loss=loss, device=device, sgd=client_sgd(clients),
+            )  # fmt: skip
         theta = np.asarray(broadcast.theta, dtype=np.float32)
         trained, losses = train_batched(
-            cached_model(ctx, device),
+            model,
             [np.concatenate([theta, extra.ravel()]) for extra in extras],
             batch,
             lr=clients.lr,
@@ -227,7 +239,8 @@ class ClassEmbeddingMethod:
             extra_width=extras[0].size if len(extras) else 0,
             extra_lr=extra_lr,
         )
-        return theta, trained, losses
+        width = len(theta)
+        return theta, trained[:, :width], trained[:, width:], losses, [{}] * len(batch)
 
     @staticmethod
     def _batched_update(client_id: int, y, message: dict, loss: float) -> ClientUpdate:

@@ -204,15 +204,15 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
             return torch.relu(margin - embeddings @ unit_row).pow(2)
 
         rate = self.class_lr or ctx.config.clients.lr
-        theta, trained, losses = self._train_batched(
+        theta, dense, trained_rows, losses, bags = self._train_batched(
             payload, batch, ctx, rows, rate if self.train_class_embeddings else 0.0, sample_loss
         )
         updates = []
         for i, client_id in enumerate(batch.client_ids):
-            message = {"dense": trained[i, : len(theta)] - theta}
+            message = {"dense": dense[i] - theta, **bags[i]}
             if self.train_class_embeddings:
                 message["class"] = int(batch.ys[i][0]) if len(batch.ys[i]) else -1
-                message["row"] = normalize_rows(trained[i, None, len(theta) :])[0]
+                message["row"] = normalize_rows(trained_rows[i, None])[0]
             updates.append(self._batched_update(client_id, batch.ys[i], message, losses[i]))
         return updates
 

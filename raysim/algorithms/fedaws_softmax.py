@@ -107,12 +107,15 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
 
         rate = self.class_lr or ctx.config.clients.lr
         extras = [start_classes] * len(batch)
-        theta, trained, losses = self._train_batched(payload, batch, ctx, extras, rate, sample_loss)
+        theta, dense, trained_classes, losses, bags = self._train_batched(
+            payload, batch, ctx, extras, rate, sample_loss
+        )
         updates = []
         for i, client_id in enumerate(batch.client_ids):
             message = {
-                "dense": trained[i, : len(theta)] - theta,
-                "classes": trained[i, len(theta) :].reshape(shape) - start_classes,
+                "dense": dense[i] - theta,
+                **bags[i],  # an embedding bag's touched rows (theta_message's bag_ids, bag_rows)
+                "classes": trained_classes[i].reshape(shape) - start_classes,
             }
             updates.append(self._batched_update(client_id, batch.ys[i], message, losses[i]))
         return updates

@@ -120,7 +120,7 @@ _ACTIVATIONS: dict[tuple, int] = {}
 def activation_values(model: nn.Module, input_shape: tuple[int, ...]) -> int:
     """Values the leaf modules output for one sample (one forward pass of a zero row on the
     CPU copy's shapes, measured once per architecture)."""
-    key = (type(model).__name__, input_shape, sum(p.numel() for p in model.parameters()))
+    key = (repr(model), input_shape)  # the architecture: every module and its sizes
     known = _ACTIVATIONS.get(key)
     if known is not None:
         return known
