@@ -59,9 +59,7 @@ def chunk_clients(config, device: torch.device, model: nn.Module, input_shape, r
 
 def _extra_clients(config) -> int:
     """Clients a round trains beyond `per_round` (an attack's pool of colluders)."""
-    attack = getattr(config, "attack", None)
-    pool = getattr(attack, "pool_size", 0) if attack is not None else 0
-    return int(pool or 0)
+    return int(config.attack.pool_size or 0)
 
 
 def memory_budget(config, device: torch.device) -> int:
