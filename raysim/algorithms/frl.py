@@ -368,7 +368,9 @@ class FRL:
         # Every client's rankings in one stable sort per layer on the chunk's device (a CPU
         # sort per client and layer cost more than the GPU's training of the chunk).
         trained_positions = batched_positions(trained, self.layer_sizes(ctx))
-        global_positions = np.concatenate([positions_of(r) for r in global_rankings.rankings])
+        global_positions = None  # only for a client without samples
+        if any(len(y) == 0 for y in batch.ys):
+            global_positions = np.concatenate([positions_of(r) for r in global_rankings.rankings])
         updates = []
         for i, client_id in enumerate(batch.client_ids):
             # a client without samples votes for the current global ranking
