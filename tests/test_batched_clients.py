@@ -21,6 +21,7 @@ from torch import nn
 from raysim.assembly import plan_run, run
 from raysim.core.algorithm import AlgorithmHooks
 from raysim.core.batched_training import ClientBatch, batched_updates, train_batched
+from raysim.core.client_step import ClientStep
 from raysim.core.clients import single_class_of_clients
 from raysim.core.server import build_algorithm
 from raysim.core.training import fresh_sgd, local_training, scheduled_lr
@@ -124,9 +125,14 @@ def _batched(model, start, xs, ys, ids, slots=None):
         rows=16,
         slots=slots,
     )
-    return train_batched(
-        model, [start] * len(ids), batch, lr=0.05, lr_schedule="cosine_steps", **HYPER
+    step = ClientStep(
+        model=model,
+        loss=nn.functional.cross_entropy,
+        lr=0.05,
+        lr_schedule="cosine_steps",
+        **HYPER,
     )
+    return train_batched(step, [start] * len(ids), batch)
 
 
 def _sequential(model, start, x, y, seed):
@@ -208,10 +214,11 @@ def test_unbatchable_method_falls_back_with_one_line(digits_config, tmp_path, ca
     assert states[0].arrays["params"].tobytes() == states[1].arrays["params"].tobytes()
 
 
-def test_a_subclass_changing_client_update_batches_only_if_it_changes_the_twin(digits_config):
-    """FedAvg's batched twin reproduces FedAvg's client_update: a subclass that overrides
-    client_update alone is refused (its clients train one at a time); one that overrides the
-    twin as well (examples/plugins/clipped_fedavg.py) is batched, and clips alike."""
+def test_a_plugin_written_once_runs_sequentially_and_batched(digits_config):
+    """FedAvg states its client once (raysim.core.client_step): a subclass changes a piece of
+    that description (examples/plugins/clipped_fedavg.py: `client_messages`) and both drivers
+    run it, so it batches and clips alike; overriding `client_update` of a described method
+    is refused in one line when the class is defined."""
     import importlib.util
 
     from raysim.algorithms.fedavg import FedAvg
@@ -222,14 +229,13 @@ def test_a_subclass_changing_client_update_batches_only_if_it_changes_the_twin(d
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
-    class OnlySequential(FedAvg):
-        def client_update(self, payload, x, y, client_id, generator, ctx):
-            return super().client_update(payload, x, y, client_id, generator, ctx)
+    with pytest.raises(TypeError, match="overrides client_update of a method that describes"):
+
+        class OnlySequential(FedAvg):
+            def client_update(self, payload, x, y, client_id, generator, ctx):
+                return super().client_update(payload, x, y, client_id, generator, ctx)
 
     dataset, split, ctx, _ = _setup(digits_config)
-    assert OnlySequential().batching_problem(ctx) == (
-        "OnlySequential overrides client_update but not batched_client_updates"
-    )
     clipped = module.ClippedFedAvg(max_norm=0.05)
     assert clipped.batching_problem(ctx) is None
     payload = clipped.server_payload(clipped.init_server(ctx))

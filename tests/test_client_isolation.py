@@ -27,10 +27,11 @@ from raysim.algorithms.fedavg import FedAvg
 class SegfaultingFedAvg(FedAvg):
     """FedAvg whose client {BAD_CLIENT} segfaults its process."""
 
-    def client_update(self, payload, x, y, client_id, generator, ctx):
+    # (FedAvg describes its client once: a change to one client goes into one of its pieces)
+    def client_start(self, payload, client_id, ctx):
         if int(client_id) == {BAD_CLIENT}:
             os.kill(os.getpid(), signal.SIGSEGV)
-        return super().client_update(payload, x, y, client_id, generator, ctx)
+        return super().client_start(payload, client_id, ctx)
 '''
 
 

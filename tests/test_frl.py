@@ -498,7 +498,7 @@ def test_a_clients_update_depends_on_nothing_the_worker_ran_before():
     """The round's unpacked rankings are cached per worker and the optimizer is reused, reset:
     a client's update is the same first, after other clients, after another round's payload
     and with the caches emptied (fresh momentum every round, as the reference code has)."""
-    from raysim.algorithms import frl
+    from raysim.algorithms import frl, frl_ranking
 
     cfg = _frl_config()
     ctx = _ctx(cfg)
@@ -519,18 +519,18 @@ def test_a_clients_update_depends_on_nothing_the_worker_ran_before():
     other = algorithm.server_payload(frl.FRL._state(5, [rng.permutation(n) for n in LAYER_SIZES]))
     assert not np.array_equal(update(other, 1), first)  # a new payload is not the cached one
     assert np.array_equal(update(payload, 1), first)
-    frl._ROUND_RANKINGS.clear()
+    frl_ranking._ROUND_RANKINGS.clear()
     assert np.array_equal(update(payload, 1), first)
 
 
 def test_lr_schedule_option_cosine_epochs_trains_epoch_two_at_half_the_rate(monkeypatch):
-    from raysim.algorithms import frl
+    from raysim.core import client_step
 
     with pytest.raises(ConfigError, match=r"'algorithm.lr_schedule' must be one of"):
         FRL(lr_schedule="warmup")
     assert config.load(FRL_CONFIG, ["algorithm.lr_schedule=cosine_epochs"])
     rates: list[float] = []
-    monkeypatch.setattr(frl, "set_lr", lambda optimizer, rate: rates.append(rate))
+    monkeypatch.setattr(client_step, "set_lr", lambda optimizer, rate: rates.append(rate))
     cfg = _frl_config()  # E = 2, batch 8: 24 samples are 3 steps an epoch
     ctx = _ctx(cfg)
     x, y = torch.randn(24, 64), torch.arange(24) % 10

@@ -54,10 +54,10 @@ def test_cosine_epochs_is_torchs_cosine_annealing_stepped_per_epoch():
 def test_fedavg_trains_round_t_at_lr_times_decay_to_the_t_scheduled_per_epoch(monkeypatch):
     """The learning rate each step of a client in round 3 sees: 0.01 * 0.5^3, then halved in
     the second epoch (cosine_epochs, E = 2)."""
-    import raysim.algorithms.fedavg as fedavg_module
+    import raysim.core.client_step as client_step_module  # FedAvg's sequential driver
 
     seen = []
-    real = fedavg_module.local_training
+    real = client_step_module.local_training
 
     def recording(num_samples, generator, *, optimizer, before_step=None, **options):
         def record(step):
@@ -67,7 +67,7 @@ def test_fedavg_trains_round_t_at_lr_times_decay_to_the_t_scheduled_per_epoch(mo
 
         return real(num_samples, generator, optimizer=optimizer, before_step=record, **options)
 
-    monkeypatch.setattr(fedavg_module, "local_training", recording)
+    monkeypatch.setattr(client_step_module, "local_training", recording)
     cfg = _fedavg_config(
         "clients.lr=0.01", "clients.batch_size=4", "clients.local_epochs=2",
         "algorithm={name: fedavg, lr_decay: 0.5, lr_schedule: cosine_epochs}",

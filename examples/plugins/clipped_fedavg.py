@@ -3,9 +3,9 @@
 Each client scales its delta down to an L2 norm of at most `max_norm` before sending it: the
 clipping step of DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent Language
 Models", ICLR 2018), without the noise. Everything else is FedAvg: the subclass only changes
-what `client_update` returns, and the same for the batched twin (`clients.batched`,
-docs/BATCHED.md), so its clients still train batched. Named in a config as
-`clipped_fedavg:ClippedFedAvg`.
+the messages of FedAvg's client description (`client_messages`, raysim.core.client_step),
+which both drivers run, so its clients train one at a time or batched (`clients.batched`,
+docs/BATCHED.md) and clip alike. Named in a config as `clipped_fedavg:ClippedFedAvg`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,8 @@ class ClippedFedAvg(FedAvg):
             raise ConfigError(f"'algorithm.max_norm' must be > 0, got {max_norm}")
         self.max_norm = float(max_norm)
 
-    def client_update(self, payload, x, y, client_id, generator, ctx):
-        return self._clipped(super().client_update(payload, x, y, client_id, generator, ctx))
-
-    def batched_client_updates(self, payload, batch, ctx):
-        # Overriding client_update alone would make a batched run train these clients one at a
-        # time (FedAvg's batched twin does not clip); clipping both keeps them batched.
-        return [self._clipped(u) for u in super().batched_client_updates(payload, batch, ctx)]
+    def client_messages(self, payload, trained, ctx):
+        return [self._clipped(u) for u in super().client_messages(payload, trained, ctx)]
 
     def _clipped(self, update):
         delta = update.vector  # the float32 delta; the run's codec encodes it after this

@@ -25,12 +25,8 @@ from raysim.algorithms.fedaws_wire import Broadcast, forget_payload, next_client
 from raysim.config import MAX_LEARNING_RATE
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
-from raysim.core.batched_training import (
-    client_sgd,
-    model_problem,
-    overridden_below_batched_twin,
-    train_batched,
-)
+from raysim.core.batched_training import model_problem, train_batched
+from raysim.core.client_step import ClientStep
 from raysim.core.fixed_point import FIXED_SCALE
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import local_training
@@ -94,6 +90,15 @@ class ClassEmbeddingMethod:
     """What FedAwS and the softmax oracle share: model, local training, reduction, evaluation."""
 
     default_aggregator = "weighted_mean"  # unused: these methods reduce their own updates
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # A subclass writing a client_update of its own (below the method's) trains one client
+        # at a time: the batched path runs the method's client (its `client_loss` and messages),
+        # not the subclass's. Declared here, once, when the class is made.
+        super().__init_subclass__(**kwargs)
+        if "client_update" in vars(cls) and "batched_client_updates" not in vars(cls):
+            if any("batched_client_updates" in vars(base) for base in cls.__mro__[1:]):
+                cls.batched_client_updates = None
 
     def __init__(self, *, class_lr: float | None, eval_max_points: int) -> None:
         if class_lr is not None and not 0 < class_lr <= MAX_LEARNING_RATE:
@@ -175,15 +180,17 @@ class ClassEmbeddingMethod:
         return model.forward_rows(local_x, table)
 
     def _train_locally(
-        self, model, layout, x, y, local_x, table, generator, optimizer, ctx, batch_loss
+        self, model, layout, x, y, local_x, table, generator, optimizer, ctx, extra
     ) -> float:
         """E epochs of minibatches in the client's own shuffled order (raysim.core.training);
-        `batch_loss(embedding, batch indices)` is the method's loss. Returns the mean loss."""
+        `extra`: the client's values beside theta, the third argument of the method's
+        `client_loss(embeddings, targets, extra)`. Returns the mean loss."""
         clients = ctx.config.clients
 
         def loss_fn(batch: torch.Tensor) -> torch.Tensor:
             local_batch = None if local_x is None else local_x[batch]
-            return batch_loss(self._embed(model, layout, x[batch], local_batch, table), batch)
+            embeddings = self._embed(model, layout, x[batch], local_batch, table)
+            return self.client_loss(embeddings, y[batch], extra)
 
         return local_training(
             len(y),
@@ -202,17 +209,17 @@ class ClassEmbeddingMethod:
         a subclass that overrides `client_update` below it trains one client at a time. On a
         model with an embedding bag each client also trains its table of touched rows
         (raysim.algorithms.fedaws_bag_batched, which says when it cannot: on a CPU)."""
-        stale = overridden_below_batched_twin(self, ("client_update",))
-        if stale:
-            return stale
+        if self.batched_client_updates is None:
+            return f"{type(self).__name__} writes a client_update of its own"
         model = cached_model(ctx, client_device(ctx))
         if layout_of(model).bag is not None:
             return bag_batching_problem(model, client_device(ctx))
         return model_problem(model, ctx.input_shape)
 
-    def _train_batched(self, broadcast: Broadcast, batch, ctx: RunContext, extras, extra_lr, loss):
+    def _train_batched(self, broadcast: Broadcast, batch, ctx: RunContext, extras, extra_lr):
         """Train a chunk of clients from theta plus each one's `extras` (its own values beside
-        theta, stepped at `extra_lr`; `loss(embeddings, targets, extra)` per sample).
+        theta, stepped at `extra_lr`; the method's `client_loss(embeddings, targets, extra)`,
+        the loss of a batch its sequential client runs too).
         Returns (theta's dense part; per client, its trained dense part and its trained
         extras (rows of two arrays); the mean losses; each client's bag part of its message,
         `bag_ids` and `bag_rows` as `theta_message` gives them: {} without an embedding
@@ -222,22 +229,14 @@ class ClassEmbeddingMethod:
         device = client_device(ctx)
         model = cached_model(ctx, device)
         layout = layout_of(model)
+        step = ClientStep.of(
+            clients, model=model, loss=self.client_loss, lr=clients.lr, extra_lr=extra_lr
+        )
         if layout.bag is not None:
-            return train_bag_batched(
-                model, layout, broadcast.theta, batch, extras, lr=clients.lr,
-                extra_lr=extra_lr, sample_loss=loss, device=device, sgd=client_sgd(clients),
-            )  # fmt: skip
+            return train_bag_batched(model, layout, broadcast.theta, batch, extras, step)
         theta = np.asarray(broadcast.theta, dtype=np.float32)
         trained, losses = train_batched(
-            model,
-            [np.concatenate([theta, extra.ravel()]) for extra in extras],
-            batch,
-            lr=clients.lr,
-            **client_sgd(clients),
-            sample_loss=loss,
-            device=device,
-            extra_width=extras[0].size if len(extras) else 0,
-            extra_lr=extra_lr,
+            step, [np.concatenate([theta, extra.ravel()]) for extra in extras], batch
         )
         width = len(theta)
         return theta, trained[:, :width], trained[:, width:], losses, [{}] * len(batch)

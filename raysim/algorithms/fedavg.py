@@ -20,25 +20,25 @@ from torch import nn
 
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
-from raysim.core.batched_training import (
-    ClientBatch,
-    client_sgd,
-    model_problem,
-    overridden_below_batched_twin,
-    train_batched,
-)
+from raysim.core.batched_training import model_problem
+from raysim.core.client_step import ClientStep, DescribedClient, TrainedClients
 from raysim.core.state import ClientUpdate, ServerState
-from raysim.core.training import check_lr_options, fresh_sgd, local_training, scheduled_lr
+from raysim.core.training import check_lr_options
 from raysim.metrics import evaluate_classifier
-from raysim.models.devices import autocast, client_device, server_device
+from raysim.models.devices import client_device, server_device
 from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
 
 
-class DeltaAveraging:
+def global_params(payload) -> np.ndarray:
+    """The global model of a payload (`server_payload`: the vector, or with the round)."""
+    return payload["params"] if isinstance(payload, dict) else payload
+
+
+class DeltaAveraging(DescribedClient):
     """The model-delta family: dense float32 weights down, each client's delta up in the run's
     codec, the aggregate applied by the server optimizer. FedAvg, FedProx, SignSGD, TopK and
     the multi-label family (raysim.algorithms.flag) are this class with another local
-    training (`train_locally`), declared statistics (`client_stats`), codec, aggregator or
+    training (`client_step`), declared statistics (`client_stats`), codec, aggregator or
     evaluation. Subclass it for a method of your own (docs/EXTENDING.md)."""
 
     labels = "single"  # one class per sample (checked when a run starts)
@@ -75,99 +75,72 @@ class DeltaAveraging:
         # A decaying learning rate needs the round on the client (one int64 more down).
         return {"params": state.arrays["params"], "round": np.array([state.round], np.int64)}
 
-    def client_update(
-        self,
-        payload: np.ndarray,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        client_id: int,
-        generator: torch.Generator,
-        ctx: RunContext,
-    ) -> ClientUpdate:
-        round_lr = None
-        if isinstance(payload, dict):  # lr_decay < 1: the round rides along (server_payload)
-            round_lr = ctx.config.clients.lr * self.lr_decay ** int(payload["round"][0])
-            payload = payload["params"]
-        # The task's GPU when clients.num_gpus reserved one, else the CPU (devices.py).
-        device = client_device(ctx)
-        model = cached_model(ctx, device)
-        start = self.client_start(payload, client_id, ctx)
-        set_vector(model, start)
-        stats = self.client_stats(y, ctx)
-        loss = float("nan")
-        if len(y):
-            x, y = x.to(device), y.to(device)
-            if round_lr is None:  # the call every train_locally override already takes
-                loss = self.train_locally(model, x, y, generator, ctx)
-            else:
-                loss = self.train_locally(model, x, y, generator, ctx, lr=round_lr)
-        trained = get_vector(model)
-        self.client_finished(client_id, trained, ctx)
-        # The task encodes the delta with the run's codec (raysim.core.codecs).
-        return ClientUpdate(
-            client_id=client_id,
-            num_samples=len(y),
-            vector=trained - start,
-            metrics={"loss": loss},
-            stats=stats,
-        )
-
-    def batching_problem(self, ctx: RunContext) -> str | None:
-        """Why this instance's clients cannot train batched (clients.batched), or None: the
-        batched twin below reproduces `client_update` / `train_locally` as written here, so a
-        subclass that overrides either without overriding the twin (or mixed precision) trains
-        one client at a time."""
-        stale = overridden_below_batched_twin(self, ("client_update", "train_locally"))
-        if stale:
-            return stale
-        if self.mixed_precision:
-            return "mixed_precision (bfloat16 autocast) is not batched"
-        return model_problem(cached_model(ctx, client_device(ctx)), ctx.input_shape)
-
-    def batched_client_updates(self, payload, batch: ClientBatch, ctx: RunContext) -> list:
-        """`client_update` for a chunk of clients at once (raysim.core.batched_training)."""
-        round_lr = None
-        if isinstance(payload, dict):  # lr_decay < 1: the round rides along (server_payload)
-            round_lr = ctx.config.clients.lr * self.lr_decay ** int(payload["round"][0])
-            payload = payload["params"]
-        device = client_device(ctx)
+    # --- the client, described once (raysim.core.client_step) ---------------------------------
+    def client_step(self, payload, ctx: RunContext) -> ClientStep:
+        """E epochs of minibatch SGD (cross-entropy, + FedProx's proximal term) from the
+        round's base rate (clients.lr, x lr_decay^round when it decays), scheduled within the
+        round by `lr_schedule`; momentum and weight decay from `clients`. The optimizer is new
+        every round (fresh momentum), as in the FRL reference code, which rebuilds it for every
+        client. The model lives on the task's GPU when clients.num_gpus reserved one, else on
+        the CPU; `mixed_precision` runs the forward pass and the loss under bfloat16 autocast
+        (one client at a time only)."""
         clients = ctx.config.clients
-        starts = [self.client_start(payload, c, ctx) for c in batch.client_ids]
-        trained, losses = train_batched(
-            cached_model(ctx, device),
-            starts,
-            batch,
-            lr=clients.lr if round_lr is None else round_lr,
-            **client_sgd(clients),
-            proximal_mu=self.proximal_mu,
+        lr = clients.lr
+        if isinstance(payload, dict):  # lr_decay < 1: the round rides along (server_payload)
+            lr = clients.lr * self.lr_decay ** int(payload["round"][0])
+        return ClientStep.of(
+            clients,
+            model=cached_model(ctx, client_device(ctx)),
+            loss=self.batch_loss,
+            lr=lr,
             lr_schedule=self.lr_schedule,
-            device=device,
+            proximal_mu=self.proximal_mu,
+            mixed_precision=self.mixed_precision,
         )
+
+    @staticmethod
+    def batch_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of a batch (in float32 under mixed precision)."""
+        return nn.functional.cross_entropy(outputs.float(), targets)
+
+    def client_start(self, payload, client_id: int, ctx: RunContext) -> np.ndarray:
+        """The vector a client starts training from: the global model (personal layers:
+        with the client's own parts, raysim.algorithms.personalized)."""
+        return global_params(payload)
+
+    def client_messages(self, payload, trained: TrainedClients, ctx: RunContext) -> list:
+        """Each client's delta (trained - start; the task encodes it with the run's codec,
+        raysim.core.codecs), its mean loss and its declared statistics."""
+        starts, rows = trained.starts, trained.trained
         # One subtraction for the chunk when every client starts from the global model (the
         # same values as row by row); personal starts are subtracted row by row, uncopied.
         if all(start is starts[0] for start in starts):
-            deltas = trained - starts[0]
+            deltas = rows - starts[0]
         else:
-            deltas = [row - start for row, start in zip(trained, starts, strict=True)]
+            deltas = [row - start for row, start in zip(rows, starts, strict=True)]
         updates = []
-        for i, client_id in enumerate(batch.client_ids):
-            self.client_finished(client_id, trained[i], ctx)
+        for i, client_id in enumerate(trained.client_ids):
+            self.client_finished(client_id, rows[i], ctx)
             updates.append(
                 ClientUpdate(
                     client_id=client_id,
-                    num_samples=len(batch.ys[i]),
+                    num_samples=len(trained.ys[i]),
                     vector=deltas[i],
-                    metrics={"loss": losses[i]},
-                    stats=self.client_stats(batch.ys[i], ctx),
+                    metrics={"loss": trained.losses[i]},
+                    stats=self.client_stats(trained.ys[i], ctx),
                 )
             )
         return updates
 
-    # --- the steps a variant changes -------------------------------------------------------------
-    def client_start(self, payload: np.ndarray, client_id: int, ctx: RunContext) -> np.ndarray:
-        """The vector a client starts training from (personal layers: with its own parts)."""
-        return payload
+    def batching_problem(self, ctx: RunContext) -> str | None:
+        """Why this instance's clients cannot train vmapped (clients.batched), or None."""
+        if self.client_step is None:
+            return f"{type(self).__name__} trains its clients in its own client_update"
+        if self.mixed_precision:
+            return "mixed_precision (bfloat16 autocast) is not batched"
+        return model_problem(cached_model(ctx, client_device(ctx)), ctx.input_shape)
 
+    # --- the steps a variant changes -------------------------------------------------------------
     def client_finished(self, client_id: int, trained: np.ndarray, ctx: RunContext) -> None:
         """After local training (personal layers: keep the client's own parts)."""
 
@@ -177,61 +150,6 @@ class DeltaAveraging:
 
     def update_layout(self, ctx: RunContext):
         return model_layout(ctx)
-
-    def train_locally(
-        self,
-        model: nn.Module,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        generator,
-        ctx: RunContext,
-        lr: float | None = None,
-    ) -> float:
-        """E epochs of minibatch SGD (cross-entropy, + FedProx's proximal term) on one client's
-        data (raysim.core.training); returns the mean training loss.
-
-        `lr`: this round's base learning rate (clients.lr when None), scheduled within the
-        round by `lr_schedule`. The optimizer is new every round (fresh momentum), as in the
-        FRL reference code, which rebuilds it for every client.
-
-        The model and the data may live on a GPU (the batch order is drawn on the CPU either
-        way); `mixed_precision` runs the forward pass and the loss under bfloat16 autocast.
-        """
-        clients = ctx.config.clients
-        base_lr = clients.lr if lr is None else lr
-        optimizer = fresh_sgd(
-            model, lr=base_lr, momentum=clients.momentum, weight_decay=clients.weight_decay
-        )
-        before_step = None
-        if self.lr_schedule != "constant":
-            steps_per_epoch = -(-len(y) // clients.batch_size)
-
-            def before_step(step: int) -> None:
-                rate = scheduled_lr(
-                    self.lr_schedule,
-                    base_lr,
-                    step,
-                    steps_per_epoch=steps_per_epoch,
-                    epochs=clients.local_epochs,
-                )
-                for group in optimizer.param_groups:
-                    group["lr"] = rate
-
-        def loss_fn(batch: torch.Tensor) -> torch.Tensor:
-            with autocast(x.device, self.mixed_precision):
-                return nn.functional.cross_entropy(model(x[batch]).float(), y[batch])
-
-        return local_training(
-            len(y),
-            generator,
-            batch_size=clients.batch_size,
-            epochs=clients.local_epochs,
-            loss_fn=loss_fn,
-            optimizer=optimizer,
-            proximal_mu=self.proximal_mu,
-            before_step=before_step,
-            device=x.device,
-        )
 
     def server_update(
         self, state: ServerState, aggregate: np.ndarray, ctx: RunContext

@@ -125,6 +125,11 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
 
     evaluate = evaluate_class_embeddings
 
+    def client_loss(self, embeddings: torch.Tensor, _targets, row: torch.Tensor) -> torch.Tensor:
+        """The loss of a batch (both client paths): the positive loss against the client's
+        own class row."""
+        return positive_loss(embeddings, row, self.positive_margin)
+
     # --- server -----------------------------------------------------------------------------------
     def init_server(self, ctx: RunContext) -> ServerState:
         model = build_model(ctx)
@@ -177,7 +182,7 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
             generator,
             optimizer,
             ctx,
-            lambda embedding, batch: positive_loss(embedding, row, self.positive_margin),
+            row,
         )
         message = theta_message(model, layout, broadcast, touched, table)
         if self.train_class_embeddings:
@@ -197,15 +202,9 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
         class embeddings are not trained), each client's loss the positive loss against its
         own row."""
         rows = [np.asarray(sent, dtype=np.float32) for sent in batch.personal]
-        margin = self.positive_margin
-
-        def sample_loss(embeddings, _targets, row):
-            unit_row = row / row.norm().clamp_min(1e-12)
-            return torch.relu(margin - embeddings @ unit_row).pow(2)
-
         rate = self.class_lr or ctx.config.clients.lr
         theta, dense, trained_rows, losses, bags = self._train_batched(
-            payload, batch, ctx, rows, rate if self.train_class_embeddings else 0.0, sample_loss
+            payload, batch, ctx, rows, rate if self.train_class_embeddings else 0.0
         )
         updates = []
         for i, client_id in enumerate(batch.client_ids):

@@ -40,13 +40,15 @@ measurements), so the CPU trains these clients one at a time (`BATCH_ON_CPU`).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
 from torch import nn
 
 from raysim.core.batched_training import ClientBatch, train_batched
+from raysim.core.client_step import ClientStep
 from raysim.models.embedding import XMLEmbeddingBag
 from raysim.models.layout import ModelLayout
 
@@ -103,16 +105,11 @@ def train_bag_batched(
     theta: np.ndarray,
     batch: ClientBatch,
     extras: Sequence[np.ndarray],
-    *,
-    lr: float,
-    extra_lr: float,
-    sample_loss: Callable[..., torch.Tensor],
-    device: torch.device,
-    sgd: dict,
+    step: ClientStep,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float], list[dict]]:
     """Train a chunk of bag clients from theta, each with its own table of touched rows and
-    its own `extras` (stepped at `extra_lr`; `sample_loss(embeddings, targets, extra)` per
-    sample); `sgd`: train_batched's batch_size, epochs, momentum and weight_decay.
+    its own `extras`, by the method's client step (raysim.core.client_step.ClientStep: its
+    loss of a batch, `loss(embeddings, targets, extra)`, its SGD, the extras at `extra_lr`).
 
     Returns (theta's dense part; the trained dense parts and the trained extras, one row per
     client (views of one array); the mean losses; each client's bag part of its message,
@@ -146,18 +143,12 @@ def train_bag_batched(
         # vmap's notice that embedding_bag has no batching rule: running it per client is
         # what makes the results independent of the chunk (module docstring).
         warnings.filterwarnings("ignore", message="There is a performance drop because we")
-        trained, losses = train_batched(
-            _RowsNetwork(model, width),
-            list(starts),
-            local_batch,
-            lr=lr,
-            **sgd,
-            sample_loss=sample_loss,
-            device=device,
-            extra_width=extra_width,
-            extra_lr=extra_lr,
-            trainable=[*(f"model.{name}" for name in _dense_names(model, layout)), ROWS],
+        rows_step = replace(
+            step,
+            model=_RowsNetwork(model, width),
+            trainable=(*(f"model.{name}" for name in _dense_names(model, layout)), ROWS),
         )
+        trained, losses = train_batched(rows_step, list(starts), local_batch)
     del starts
     tables = trained[:, dense_size : dense_size + table_size].reshape(-1, width, layout.bag_width)
     bags = []

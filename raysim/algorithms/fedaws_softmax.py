@@ -48,6 +48,13 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
 
     evaluate = evaluate_class_embeddings  # FedAwS's: the same numbers, without a score matrix
 
+    def client_loss(self, embeddings: torch.Tensor, targets, classes: torch.Tensor):
+        """The loss of a batch (both client paths): the full softmax over every class,
+        logits = scale x cosine (W flat or [classes, dim])."""
+        classes = classes.reshape(-1, embeddings.shape[-1])
+        unit = classes / classes.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return nn.functional.cross_entropy(self.scale * embeddings @ unit.T, targets)
+
     def init_server(self, ctx: RunContext) -> ServerState:
         model = build_model(ctx)
         # One server optimizer over theta and W (its slots cover both, theta first).
@@ -76,12 +83,8 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
             weight_decay=clients.weight_decay,
         )
 
-        def softmax_loss(embedding: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
-            unit = classes / classes.norm(dim=1, keepdim=True).clamp_min(1e-12)
-            return nn.functional.cross_entropy(self.scale * embedding @ unit.T, y[batch])
-
         mean_loss = self._train_locally(
-            model, layout, x, y, local_x, table, generator, optimizer, ctx, softmax_loss
+            model, layout, x, y, local_x, table, generator, optimizer, ctx, classes
         )
         message = theta_message(model, layout, payload, touched, table)
         message["classes"] = to_numpy(classes) - start_classes
@@ -96,19 +99,11 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
         """`client_update` for a chunk of clients at once: theta and each client's copy of W
         trained together (W at class_lr), each client's loss the full softmax."""
         start_classes = np.asarray(payload.classes, dtype=np.float32)
-        shape, scale = start_classes.shape, self.scale
-
-        def sample_loss(embeddings, targets, classes):
-            classes = classes.reshape(shape)
-            unit = classes / classes.norm(dim=1, keepdim=True).clamp_min(1e-12)
-            return nn.functional.cross_entropy(
-                scale * embeddings @ unit.T, targets, reduction="none"
-            )
-
+        shape = start_classes.shape
         rate = self.class_lr or ctx.config.clients.lr
         extras = [start_classes] * len(batch)
         theta, dense, trained_classes, losses, bags = self._train_batched(
-            payload, batch, ctx, extras, rate, sample_loss
+            payload, batch, ctx, extras, rate
         )
         updates = []
         for i, client_id in enumerate(batch.client_ids):

@@ -21,8 +21,8 @@ global model on every client's validation split (raysim.metrics.multilabel).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -30,8 +30,8 @@ from torch import nn
 
 from raysim.algorithms.fedavg import DeltaAveraging
 from raysim.core.algorithm import RunContext
+from raysim.core.client_step import ClientStep
 from raysim.core.state import Contribution, RoundInfo, ServerState
-from raysim.core.training import local_training
 from raysim.errors import ConfigError
 from raysim.losses import multilabel_loss
 from raysim.metrics.multilabel import (
@@ -207,43 +207,38 @@ class MultiLabelAveraging(DeltaAveraging):
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return multilabel_loss(*self.loss_options)(logits, targets)
 
-    def train_locally(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator, ctx: RunContext
-    ) -> float:
-        """E epochs of minibatch training with the multi-label loss (raysim.core.training);
-        returns the mean loss.
+    def batch_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(outputs, targets.float())
 
-        Adam + OneCycleLR (max lr = clients.lr) by default, as in FLAG's paper; optimizer state
-        is fresh every round (clients are stateless). FedProx's proximal term when mu > 0.
-        """
+    def client_step(self, payload, ctx: RunContext) -> ClientStep:
+        """E epochs of minibatch training with the multi-label loss (the model delta family's
+        step with another loss and optimizer): Adam + OneCycleLR (max lr = clients.lr) by
+        default, as in FLAG's paper; optimizer state is fresh every round (clients are
+        stateless). FedProx's proximal term when mu > 0."""
         clients = ctx.config.clients
-        params = list(model.parameters())
-        if self.optimizer == "adam":
-            opt = torch.optim.Adam(params, lr=clients.lr, weight_decay=clients.weight_decay)
-        else:
-            opt = torch.optim.SGD(
-                params, lr=clients.lr, momentum=clients.momentum, weight_decay=clients.weight_decay
-            )
         epochs = clients.local_epochs
-        steps_per_epoch = math.ceil(len(y) / clients.batch_size)
-        scheduler = None
-        if self.schedule == "onecycle" and steps_per_epoch * epochs > 1:
-            scheduler = torch.optim.lr_scheduler.OneCycleLR(
-                opt, max_lr=clients.lr, total_steps=steps_per_epoch * epochs
-            )
-        targets = y.float()
-        model.train()
-        return local_training(
-            len(y),
-            generator,
-            batch_size=clients.batch_size,
-            epochs=epochs,
-            loss_fn=lambda batch: self.loss_fn(model(x[batch]), targets[batch]),
-            optimizer=opt,
-            scheduler=scheduler,
-            proximal_mu=self.proximal_mu,
-            device=x.device,
-        )
+
+        def optimizer(params, steps_per_epoch):
+            if self.optimizer == "adam":
+                opt = torch.optim.Adam(params, lr=clients.lr, weight_decay=clients.weight_decay)
+            else:
+                opt = torch.optim.SGD(
+                    params,
+                    lr=clients.lr,
+                    momentum=clients.momentum,
+                    weight_decay=clients.weight_decay,
+                )
+            scheduler = None
+            if self.schedule == "onecycle" and steps_per_epoch * epochs > 1:
+                scheduler = torch.optim.lr_scheduler.OneCycleLR(
+                    opt, max_lr=clients.lr, total_steps=steps_per_epoch * epochs
+                )
+            return opt, scheduler
+
+        return replace(super().client_step(payload, ctx), loss=self.batch_loss, optimizer=optimizer)
+
+    def batching_problem(self, ctx: RunContext) -> str | None:
+        return "the multi-label local optimizer (torch's Adam / SGD, OneCycleLR) is not batched"
 
     def check_aggregator(self, aggregator, ctx: RunContext) -> str | None:
         """FLAG's weighting needs the declared label statistics, which only label_weighted

@@ -30,155 +30,37 @@ reorders the scores once, for all its clients of the round.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from raysim.core.algorithm import RunContext
-from raysim.core.batched_training import client_sgd, overridden_below_batched_twin, train_batched
-from raysim.core.codecs import VectorLayout
-from raysim.core.rankcodec import pack, unpack
-from raysim.core.state import ClientUpdate, ServerState
-from raysim.core.training import (
-    check_lr_options,
-    fresh_sgd,
-    local_training,
-    scheduled_lr,
-    set_lr,
+from raysim.algorithms.frl_ranking import (  # noqa: F401 - the ranking math, re-exported
+    batched_positions,
+    float_order_key,
+    positions_of,
+    ranking_of,
+    round_rankings,
+    split_layers,
+    vote,
 )
+from raysim.core.algorithm import RunContext
+from raysim.core.client_step import ClientStep, DescribedClient, TrainedClients
+from raysim.core.codecs import VectorLayout
+from raysim.core.rankcodec import pack
+from raysim.core.state import ClientUpdate, ServerState
+from raysim.core.training import check_lr_options
 from raysim.errors import ConfigError
 from raysim.metrics import evaluate_classifier
 from raysim.models.devices import client_device, server_device
 from raysim.models.supermask import WEIGHT_INITS, Supernet, cached_supernet, top_k_masks
 from raysim.seeds import model_init_seed
 
-# --- the math, as pure functions -----------------------------------------------------------------
-
-
-_INT32_MAX = 2**31 - 1
-
-
-def float_order_key(values: torch.Tensor) -> torch.Tensor:
-    """int32 keys that compare exactly as the float32 `values` do under numpy's sort: equal
-    keys for equal values (-0.0 and 0.0 too), every NaN last and equal to every other NaN.
-
-    A non-negative float's bits, read as an int32, already grow with its value; a negative
-    float's bits grow with its magnitude, so its 31 value bits are flipped (the sign bit stays,
-    keeping it below every non-negative one). Integer keys let torch's stable sort use its
-    radix sort (~9 ms instead of numpy's ~60 ms for 262,144 scores on one thread); a stable sort
-    of keys that order as the values do is the same permutation as any stable sort of them."""
-    values = values.reshape(-1) + 0.0  # -0.0 + 0.0 is +0.0 (IEEE 754), so both get key 0
-    bits = values.view(torch.int32)
-    keys = bits ^ ((bits >> 31) & _INT32_MAX)  # >> is arithmetic: all ones for a negative
-    nan = torch.isnan(values)
-    if bool(nan.any()):  # NaN payloads and signs differ; numpy puts them all last, in order
-        keys = torch.where(nan, _INT32_MAX, keys)  # above +inf (0x7F800000)
-    return keys
-
-
-# The numpy dtypes ranking_of sorts with torch (as integer keys); others keep numpy's sort.
-_TORCH_SORTED = {np.dtype(t) for t in ("<f4", "int8", "int16", "<i4", "<i8", "uint8")}
-
-
-def ranking_of(scores: np.ndarray | torch.Tensor) -> np.ndarray:
-    """R = argsort(scores), ascending and stable: R[j] is the edge with the j-th lowest score.
-
-    The same permutation as `np.argsort(scores, kind="stable")` (tests/test_frl.py checks ties,
-    signed zeros, NaN and infinities); float32 and integer scores sort as integers (radix)."""
-    if isinstance(scores, torch.Tensor):
-        values = scores.detach().reshape(-1)
-    else:
-        array = np.asarray(scores).reshape(-1)
-        if array.dtype not in _TORCH_SORTED:  # e.g. float64 (never FRL's scores): numpy's sort
-            return np.argsort(array, kind="stable").astype(np.int64)
-        # native byte order here; a copy only of a read-only array (torch would warn)
-        values = torch.from_numpy(np.require(array, requirements="W"))
-    if values.dtype == torch.float32:
-        keys = float_order_key(values)
-    elif values.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
-        keys = values
-        if keys.dtype == torch.int64 and len(keys):
-            low, high = int(keys.min()), int(keys.max())
-            if -(2**31) <= low and high <= _INT32_MAX:  # vote sums: half the bytes to sort
-                keys = keys.to(torch.int32)
-    else:
-        return np.argsort(values.cpu().numpy(), kind="stable").astype(np.int64)
-    return torch.sort(keys, stable=True).indices.cpu().numpy()
-
-
-def positions_of(ranking: np.ndarray) -> np.ndarray:
-    """V = argsort(R) for a permutation R: V[e] is the position of edge e in the ranking."""
-    ranking = np.asarray(ranking, dtype=np.int64)
-    positions = np.empty_like(ranking)
-    positions[ranking] = np.arange(len(ranking), dtype=np.int64)
-    return positions
-
-
-def batched_positions(scores: torch.Tensor, sizes: Sequence[int]) -> np.ndarray:
-    """`positions_of(ranking_of(layer))` of every client's layers, concatenated: `scores` is
-    [clients, edges] (float32, any device), the result [clients, edges] int64 on the CPU. The
-    same stable sort of the same integer keys as `ranking_of`, for all clients at once."""
-    count = len(scores)
-    positions = []
-    for layer in torch.split(scores, list(sizes), dim=1):
-        keys = float_order_key(layer).view(count, -1)
-        order = torch.sort(keys, dim=1, stable=True).indices
-        rank = torch.arange(order.shape[1], device=order.device).expand(count, -1)
-        positions.append(torch.empty_like(order).scatter_(1, order, rank))
-    return torch.cat(positions, dim=1).cpu().numpy()
-
-
-def vote(position_sums: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """The new global ranking per layer: R_g = argsort(A), A = sum over clients of positions."""
-    return [ranking_of(summed) for summed in position_sums]
-
-
-def split_layers(vector: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
-    """Cut a concatenated per-edge vector back into its layers."""
-    if len(vector) != sum(sizes):
-        raise ValueError(f"vector has {len(vector)} entries, the supernet has {sum(sizes)} edges")
-    return np.split(np.asarray(vector), np.cumsum(sizes)[:-1])
-
-
-class _RoundRankings:
-    """A worker's copy of one round's global rankings, unpacked, and the scores they give.
-
-    Every client of a round gets the same payload, so its rankings are unpacked and the
-    initial scores reordered once per worker and round; later clients only copy the scores in.
-    The packed bytes are kept (a copy) and compared, so a different payload is never mistaken
-    for the cached one."""
-
-    def __init__(self, packed: Sequence[np.ndarray], supernet: Supernet) -> None:
-        sizes = supernet.layer_sizes
-        self.packed = [np.array(p, dtype=np.uint8, copy=True) for p in packed]
-        self.rankings = [unpack(p, n, n) for p, n in zip(self.packed, sizes, strict=True)]
-        self.scores = supernet.scores_for(self.rankings)
-
-    def matches(self, packed: Sequence[np.ndarray]) -> bool:
-        return len(packed) == len(self.packed) and all(
-            np.array_equal(np.asarray(a), b) for a, b in zip(packed, self.packed, strict=True)
-        )
-
-
-# One entry per supernet (per process and device), dropped with it.
-_ROUND_RANKINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def round_rankings(packed: Sequence[np.ndarray], supernet: Supernet) -> _RoundRankings:
-    """The unpacked global rankings of `packed` for `supernet`, cached for the round."""
-    cached = _ROUND_RANKINGS.get(supernet)
-    if cached is None or not cached.matches(packed):
-        cached = _ROUND_RANKINGS[supernet] = _RoundRankings(packed, supernet)
-    return cached
-
-
 # --- the plug-in ---------------------------------------------------------------------------------
 
 
-class FRL:
+class FRL(DescribedClient):
     """Federated Rank Learning; aggregate with `sum` (the vote), the default."""
 
     labels = "single"  # one class per sample (checked when a run starts)
@@ -275,74 +157,18 @@ class FRL:
         supernet.load_rankings(self.rankings(state))
         return evaluate_classifier(supernet.model, x, y)
 
-    def train_locally(
-        self,
-        supernet: Supernet,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        generator: torch.Generator,
-        ctx: RunContext,
-        lr: float,
-    ) -> float:
-        """Edge-popup: E epochs of SGD on the scores only (the model's only parameters), the
-        learning rate annealed from `lr` by `lr_schedule` (raysim.core.training.scheduled_lr);
-        returns the mean loss.
-
-        The optimizer is in the state of a new one every round, for every client (fresh_sgd:
-        momentum buffers cleared, hyperparameters set again), as the reference code builds a
-        new SGD per client per round; on the CPU it is a LeanSGD, torch SGD's arithmetic
-        without its per-step overhead."""
+    # --- the client, described once (raysim.core.client_step) ---------------------------------
+    def client_step(self, payload: dict, ctx: RunContext) -> ClientStep:
+        """Edge-popup: E epochs of SGD on the scores only (the supernet's only parameters;
+        its weights are shared), the learning rate clients.lr * lr_decay^round annealed by
+        `lr_schedule` (raysim.core.training.scheduled_lr), momentum and weight decay on the
+        scores; a fresh optimizer every round, for every client, as the reference code builds
+        a new SGD per client per round. One client at a time the supernet computes each
+        layer's top-k mask itself (with its threshold hint); vmapped, every client's masks
+        are computed before the step, exactly as `top_k_mask`, and passed straight through."""
         clients = ctx.config.clients
-        model = supernet.model
-        optimizer = fresh_sgd(
-            model, lr=lr, momentum=clients.momentum, weight_decay=clients.weight_decay
-        )
-        steps_per_epoch = -(-len(y) // clients.batch_size)
-        schedule, epochs = self.lr_schedule, clients.local_epochs
-
-        def before_step(step: int) -> None:
-            rate = scheduled_lr(schedule, lr, step, steps_per_epoch=steps_per_epoch, epochs=epochs)
-            set_lr(optimizer, rate)
-
-        return local_training(
-            len(y),
-            generator,
-            batch_size=clients.batch_size,
-            epochs=clients.local_epochs,
-            loss_fn=lambda batch: nn.functional.cross_entropy(model(x[batch]), y[batch]),
-            optimizer=optimizer,
-            before_step=before_step,
-            device=x.device,
-        )
-
-    # --- batched clients (clients.batched; raysim.core.batched_training) ------------------------
-    def batching_problem(self, ctx: RunContext) -> str | None:
-        """Why this run's clients cannot train batched, or None: the batched twin below
-        reproduces `client_update` and `train_locally` as written here. It batches on a GPU
-        only (clients.num_gpus)."""
-        stale = overridden_below_batched_twin(self, ("client_update", "train_locally"))
-        if stale:
-            return stale
-        if client_device(ctx).type == "cpu":
-            # A client's step is arithmetic over every score (the top-k threshold, the SGD
-            # step), not launch overhead, and the sequential path finds the threshold in a
-            # window around the last one (ThresholdHint) where the batched one selects over all
-            # scores: frl_digits, 6 clients, 0.35 s batched vs 0.20 s one at a time.
-            return "supermask clients are slower batched than one at a time on a CPU"
-        return None
-
-    def batched_client_updates(self, payload: dict, batch, ctx: RunContext) -> list:
-        """`client_update` for a chunk of clients at once: every client's scores start from
-        the global ranking's and train by edge-popup in one vmapped step for all (each
-        layer's top-k mask computed for every client before the step, exactly as
-        `top_k_mask`, and passed straight through); then each client's rankings."""
-        device = client_device(ctx)
-        supernet = self.supernet(ctx, device)
-        global_rankings = round_rankings(payload["rankings"], supernet)
-        round_index = int(np.asarray(payload["round"]).reshape(-1)[0])
-        clients = ctx.config.clients
-        start = torch.cat([s.reshape(-1) for s in global_rankings.scores]).cpu().numpy()
-        names = [name for name, _ in supernet.model.named_parameters()]  # the layers' scores
+        supernet = self.supernet(ctx, client_device(ctx))
+        names = tuple(name for name, _ in supernet.model.named_parameters())  # the scores
         layers = dict(zip(names, supernet.layers, strict=True))
 
         def masks(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -353,63 +179,50 @@ class FRL:
                 for name, layer in layers.items()
             }
 
-        trained, losses = train_batched(
-            supernet.model,
-            [start] * len(batch),
-            batch,
+        round_index = int(np.asarray(payload["round"]).reshape(-1)[0])
+        return ClientStep.of(
+            clients,
+            model=supernet.model,
+            loss=nn.functional.cross_entropy,
             lr=clients.lr * self.lr_decay**round_index,
-            **client_sgd(clients),
             lr_schedule=self.lr_schedule,
-            device=device,
             trainable=names,
             step_inputs=masks,
             as_tensor=True,
         )
-        # Every client's rankings in one stable sort per layer on the chunk's device (a CPU
-        # sort per client and layer cost more than the GPU's training of the chunk).
-        trained_positions = batched_positions(trained, self.layer_sizes(ctx))
-        global_positions = None  # only for a client without samples
-        if any(len(y) == 0 for y in batch.ys):
-            global_positions = np.concatenate([positions_of(r) for r in global_rankings.rankings])
-        updates = []
-        for i, client_id in enumerate(batch.client_ids):
-            # a client without samples votes for the current global ranking
-            positions = trained_positions[i] if len(batch.ys[i]) else global_positions
-            updates.append(
-                ClientUpdate(
-                    client_id=client_id,
-                    num_samples=len(batch.ys[i]),
-                    vector=positions,
-                    metrics={"loss": losses[i]},
-                )
-            )
-        return updates
 
-    # --- client --------------------------------------------------------------------------------
-    def client_update(
-        self,
-        payload: dict,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        client_id: int,
-        generator: torch.Generator,
-        ctx: RunContext,
-    ) -> ClientUpdate:
-        # The task's GPU when clients.num_gpus reserved one, else the CPU (models.devices).
-        device = client_device(ctx)
-        supernet = self.supernet(ctx, device)
-        global_rankings = round_rankings(payload["rankings"], supernet)
-        round_index = int(np.asarray(payload["round"]).reshape(-1)[0])
-        loss = float("nan")
-        if len(y):
-            supernet.set_scores(global_rankings.scores)  # = load_rankings(R_g), cached
-            lr = ctx.config.clients.lr * self.lr_decay**round_index
-            loss = self.train_locally(supernet, x.to(device), y.to(device), generator, ctx, lr)
-            rankings = [ranking_of(layer.scores) for layer in supernet.layers]
-        else:  # nothing to learn from: vote for the current global ranking
-            rankings = global_rankings.rankings
-        # Positions of every layer, concatenated; the task bit-packs them (codec 'ranks').
-        positions = np.concatenate([positions_of(ranking) for ranking in rankings])
-        return ClientUpdate(
-            client_id=client_id, num_samples=len(y), vector=positions, metrics={"loss": loss}
-        )
+    def client_start(self, payload: dict, client_id: int, ctx: RunContext) -> torch.Tensor:
+        """s[R_g[j]] = sort(s0)[j]: the scores the global rankings give (every layer's,
+        concatenated; unpacked and reordered once per worker and round)."""
+        supernet = self.supernet(ctx, client_device(ctx))
+        return round_rankings(payload["rankings"], supernet).flat_scores
+
+    def client_messages(self, payload: dict, trained: TrainedClients, ctx: RunContext) -> list:
+        """V_u = argsort(argsort(s)) per layer, concatenated (the task bit-packs them, codec
+        'ranks'): every client's in one stable sort per layer on the step's device. A client
+        without samples has nothing to learn from and votes for the current global ranking."""
+        positions = batched_positions(trained.trained, self.layer_sizes(ctx))
+        global_positions = None
+        if any(len(y) == 0 for y in trained.ys):
+            supernet = self.supernet(ctx, client_device(ctx))
+            global_rankings = round_rankings(payload["rankings"], supernet).rankings
+            global_positions = np.concatenate([positions_of(r) for r in global_rankings])
+        return [
+            ClientUpdate(
+                client_id=client_id,
+                num_samples=len(trained.ys[i]),
+                vector=positions[i] if len(trained.ys[i]) else global_positions,
+                metrics={"loss": trained.losses[i]},
+            )
+            for i, client_id in enumerate(trained.client_ids)
+        ]
+
+    def batching_problem(self, ctx: RunContext) -> str | None:
+        """Why this run's clients cannot train vmapped, or None: they batch on a GPU only."""
+        if client_device(ctx).type == "cpu":
+            # A client's step is arithmetic over every score (the top-k threshold, the SGD
+            # step), not launch overhead, and the sequential path finds the threshold in a
+            # window around the last one (ThresholdHint) where the batched one selects over all
+            # scores: frl_digits, 6 clients, 0.35 s batched vs 0.20 s one at a time.
+            return "supermask clients are slower batched than one at a time on a CPU"
+        return None

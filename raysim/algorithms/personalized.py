@@ -163,6 +163,9 @@ class PerFedAvg(MultiLabelAveraging):
     """Per-FedAvg, first-order (Fallah et al. 2020); personal models kept in the store."""
 
     uses_client_state = True
+    # Its client is its own (an inner adaptation step, then outer steps on pairs of batches):
+    # written as client_update, trained one at a time.
+    client_step = None
 
     def __init__(
         self,

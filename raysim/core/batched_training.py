@@ -1,4 +1,5 @@
-"""Many clients' local training in one vmapped step: the batched twin of raysim.core.training.
+"""Many clients' local training in one vmapped step: the vmapped driver of a client description
+(raysim.core.client_step; its sequential driver runs raysim.core.training.local_training).
 
 With `clients.batched: true`, a task's clients are trained `clients.batch_chunk` at a time
 with torch.func: their parameters stacked along a leading clients axis, one
@@ -35,7 +36,7 @@ This module imports nothing from raysim.algorithms.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,11 +69,6 @@ class ClientBatch:
 
     def __len__(self) -> int:
         return len(self.client_ids)
-
-
-def sample_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-sample cross-entropy (the FedAvg family's loss before the mean)."""
-    return nn.functional.cross_entropy(logits, targets, reduction="none")
 
 
 def model_problem(model: nn.Module, input_shape: Sequence[int]) -> str | None:
@@ -204,123 +200,107 @@ def _plan(
 
 
 def train_batched(
-    model: nn.Module,
-    starts: Sequence[np.ndarray],
-    batch: ClientBatch,
-    *,
-    lr: float | Sequence[float],
-    batch_size: int,
-    epochs: int,
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-    proximal_mu: float = 0.0,
-    lr_schedule: str = "constant",
-    sample_loss: Callable[..., torch.Tensor] = sample_cross_entropy,
-    device: torch.device | None = None,
-    extra_width: int = 0,
-    extra_lr: float | Sequence[float] | None = None,
-    trainable: Sequence[str] | None = None,
-    step_inputs: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
-    as_tensor: bool = False,
+    step, starts: Sequence, batch: ClientBatch
 ) -> tuple[np.ndarray | torch.Tensor, list[float]]:
-    """Train `batch`'s clients together from `starts` (one flat model vector each); returns
-    the trained vectors (float32, one row per client, in order) and each client's mean loss.
+    """The vmapped driver of a client description (raysim.core.client_step.ClientStep):
+    `batch`'s clients trained together from `starts` (one flat row each: the step's trained
+    tensors in order, then its extra values); returns the trained rows (float32, one per
+    client, in order; a tensor on the step's device with `step.as_tensor`) and each client's
+    mean loss.
 
-    `extra_width` > 0: each start row ends with that many more trainable values that are not
-    the model's (FedAwS: the client's class row), passed to the loss as a third argument,
-    `sample_loss(outputs, targets, extra)` (one client's [extra_width] vector), and stepped by
-    the same SGD with their own constant rate `extra_lr` (one for all or one per client; a
-    second parameter group of the sequential optimizer). They come back at the end of each
-    trained row.
-
-    `trainable`: the names of the model's tensors each client trains (default: every floating
-    tensor of its state dict), in the order of a start row; the others stay the module's own,
-    shared by every client (FRL: the scores are trained, the supernet's weights are shared).
-    `step_inputs(params)`: more per-client tensors for the model, computed before every step
-    from the stacked current values outside the autograd graph and passed to it by name with
-    them (FRL: each layer's top-k mask, `given_mask`). `as_tensor`: the trained rows come
-    back as a float32 tensor on `device` (FRL ranks them there, all clients in one sort).
-
-    The twin of `local_training` with `fresh_sgd`: every step's loss is the client's mean of
-    `sample_loss(outputs, targets)` over its batch's real rows, plus 0.5 * proximal_mu *
-    sum ||p - p_0||^2; then weight decay, momentum (the first step's buffer is the gradient)
-    and p <- p - lr * buf. A client's mean loss is the float sum of its steps' losses over its
-    steps, NaN for a client without samples. `lr`: the round's base rate, one for all or one
-    per client. `model` gives the architecture only; its values are not read or changed."""
-    names = _parameter_names(model) if trainable is None else list(trainable)
+    What `train_one` does for one client, for all at once: every step's loss is the client's
+    mean of `step.loss` taken on each real row of its batch (a batch of one row, so the very
+    function the sequential driver runs), plus 0.5 * proximal_mu * sum ||p - p_0||^2; then
+    weight decay, momentum (the first step's buffer is the gradient) and p <- p - lr * buf,
+    the extra values at `step.extra_lr`. A client's mean loss is the float sum of its steps'
+    losses over its steps, NaN for a client without samples. `step.lr`: one for all or one
+    per client. The step's model gives the architecture (and the shared, untrained tensors);
+    the values of its trained tensors are not read or changed."""
+    model = step.model
+    names = _parameter_names(model) if step.trainable is None else list(step.trainable)
     if names is None:
         raise ValueError("the model shares a tensor between two parameters")
-    device = torch.device("cpu") if device is None else device
+    device = step.device
     count = len(batch)
     slots = max(count, batch.slots or 0)
     sizes = [len(y) for y in batch.ys]
-    base_lrs = _per_client(lr, count)
+    base_lrs = _per_client(step.lr, count)
     if len(starts) != count or len(base_lrs) != count:
         raise ValueError(f"{len(starts)} starts and {len(base_lrs)} rates for {count} clients")
-    extra_lrs = None
-    if extra_width:
-        if extra_lr is None or lr_schedule != "constant":
-            raise ValueError("extra parameters need extra_lr and a constant lr_schedule")
-        extra_lrs = torch.zeros(slots, dtype=torch.float32)
-        extra_lrs[:count] = torch.tensor(_per_client(extra_lr, count), dtype=torch.float32)
     if any(n != len(x) for n, x in zip(sizes, batch.xs, strict=True)):
         raise ValueError("every client needs as many labels as rows")
-    if max(sizes, default=0) and batch.rows < min(batch_size, max(sizes)):
+    if max(sizes, default=0) and batch.rows < min(step.batch_size, max(sizes)):
         raise ValueError(f"rows={batch.rows} is fewer than a batch of this chunk holds")
+    stacked = _stacked_starts(starts, slots)
     if not sum(sizes):
-        untrained = np.stack([np.asarray(s, dtype=np.float32) for s in starts])
-        if as_tensor:
-            return torch.from_numpy(untrained).to(device), [float("nan")] * count
+        untrained = stacked[:count].numpy()
+        if step.as_tensor:
+            return stacked[:count].to(device), [float("nan")] * count
         return untrained, [float("nan")] * count
+    shapes = dict(model.state_dict(keep_vars=True))
+    width = sum(shapes[name].numel() for name in names)
+    extra_width = stacked.shape[1] - width
+    if extra_width < 0 or (extra_width > 0) != (step.extra_lr is not None):
+        raise ValueError(
+            f"start rows of {stacked.shape[1]} values for a model of {width} trained values"
+            f"{' and extra values' if step.extra_lr is not None else ''}"
+        )
+    extra_lrs = None
+    if extra_width:
+        if step.lr_schedule != "constant":
+            raise ValueError("extra values need a constant lr_schedule")
+        extra_lrs = torch.zeros(slots, dtype=torch.float32)
+        extra_lrs[:count] = torch.tensor(_per_client(step.extra_lr, count), dtype=torch.float32)
     plan = _plan(
         sizes,
         batch.generators,
         slots,
         rows=batch.rows,
-        batch_size=batch_size,
-        epochs=epochs,
+        batch_size=step.batch_size,
+        epochs=step.epochs,
         base_lrs=base_lrs,
-        lr_schedule=lr_schedule,
+        lr_schedule=step.lr_schedule,
     )
     data_x = torch.cat([x for x, n in zip(batch.xs, sizes, strict=True) if n]).to(device)
     data_y = torch.cat([y for y, n in zip(batch.ys, sizes, strict=True) if n]).to(device)
-    stacked = _stacked_starts(starts, slots).to(device)
-    shapes = dict(model.state_dict(keep_vars=True))
+    stacked = stacked.to(device)
     params, offset = {}, 0
     for name in names:
         size = shapes[name].numel()
         params[name] = stacked[:, offset : offset + size].reshape(slots, *shapes[name].shape)
         offset += size
-    if offset + extra_width != stacked.shape[1]:
-        raise ValueError(
-            f"start rows of {stacked.shape[1]} values for a model of {offset} and "
-            f"{extra_width} extra"
-        )
     if extra_width:
         params[EXTRA] = stacked[:, offset:]
         extra_lrs = extra_lrs.to(device)
-    anchors = {name: value.clone() for name, value in params.items()} if proximal_mu else None
-    step_fn = _step_function(model, names, sample_loss, proximal_mu)
+    anchors = {name: value.clone() for name, value in params.items()} if step.proximal_mu else None
+    step_fn = _step_function(model, names, step.loss, step.proximal_mu)
     buffers: dict[str, torch.Tensor] | None = None
     losses = torch.zeros((len(plan.active), slots), dtype=torch.float32)
     on_device = [t.to(device) for t in (plan.index, plan.weight, plan.count, plan.active, plan.lr)]
     index, weight, counts, active, rates = on_device
-    for step in range(len(plan.active)):
-        rows_of_step = index[step]
+    for position in range(len(plan.active)):
+        rows_of_step = index[position]
         x = data_x[rows_of_step]
         y = data_y[rows_of_step]
-        given = {} if step_inputs is None else step_inputs(params)
+        given = {} if step.step_inputs is None else step.step_inputs(params)
         if anchors is None:
-            grads, loss = step_fn(params, given, x, y, weight[step], counts[step])
+            grads, loss = step_fn(params, given, x, y, weight[position], counts[position])
         else:
-            grads, loss = step_fn(params, given, anchors, x, y, weight[step], counts[step])
-        losses[step] = loss.detach().float().cpu()
+            grads, loss = step_fn(params, given, anchors, x, y, weight[position], counts[position])
+        losses[position] = loss.detach().float().cpu()
         params, buffers = _sgd_step(
-            params, grads, buffers, active[step], rates[step], momentum, weight_decay, extra_lrs
+            params,
+            grads,
+            buffers,
+            active[position],
+            rates[position],
+            step.momentum,
+            step.weight_decay,
+            extra_lrs,
         )
     trained = torch.cat([params[name].reshape(slots, -1) for name in params], dim=1)
     trained = trained[:count].detach()
-    if not as_tensor:
+    if not step.as_tensor:
         trained = trained.cpu().numpy().astype(np.float32, copy=False)
     step_losses = losses.double().numpy()
     means = []
@@ -344,30 +324,29 @@ def _stacked_starts(starts: Sequence[np.ndarray], slots: int) -> torch.Tensor:
     # which torch.from_numpy would warn about.
     stacked = np.empty((slots, len(starts[0])), dtype=np.float32)
     if all(start is starts[0] for start in starts):
-        stacked[: len(starts)] = starts[0]
+        stacked[: len(starts)] = _numpy(starts[0])
     else:
         for row, start in enumerate(starts):
-            stacked[row] = start
+            stacked[row] = _numpy(start)
     stacked[len(starts) :] = 0.0
     return torch.from_numpy(stacked)
+
+
+def _numpy(start) -> np.ndarray:
+    """A start row as numpy (a tensor on any device: FRL's scores)."""
+    return start.detach().cpu().numpy() if isinstance(start, torch.Tensor) else start
 
 
 def _per_client(value: float | Sequence[float], count: int) -> list[float]:
     return [float(value)] * count if isinstance(value, (int, float)) else [float(v) for v in value]
 
 
-def client_sgd(clients) -> dict:
-    """The local SGD a config's `clients` section sets, as `train_batched` keywords."""
-    return {
-        "batch_size": clients.batch_size,
-        "epochs": clients.local_epochs,
-        "momentum": clients.momentum,
-        "weight_decay": clients.weight_decay,
-    }
+def _step_function(model, names, batch_loss, proximal_mu):
+    """vmap(grad_and_value) of one client's step loss over the clients axis; each row's loss
+    is `batch_loss` of a batch of that row alone (its mean over one row is the row's loss)."""
 
-
-def _step_function(model, names, sample_loss, proximal_mu):
-    """vmap(grad_and_value) of one client's step loss over the clients axis."""
+    def row_losses(outputs, targets, *extra):
+        return torch.func.vmap(lambda o, t: batch_loss(o[None], t[None], *extra))(outputs, targets)
 
     def loss_of(params, given, *rest):
         if proximal_mu:
@@ -377,9 +356,9 @@ def _step_function(model, names, sample_loss, proximal_mu):
         model_params = {n: params[n] for n in names}
         outputs = torch.func.functional_call(model, {**model_params, **given}, (x,))
         if EXTRA in params:
-            samples = sample_loss(outputs.float(), y, params[EXTRA])
+            samples = row_losses(outputs, y, params[EXTRA])
         else:
-            samples = sample_loss(outputs.float(), y)
+            samples = row_losses(outputs, y)
         loss = (samples * weight).sum() / count
         if proximal_mu:
             # The sequential loop's proximal term, tensor by tensor in the same order (the
@@ -422,26 +401,6 @@ def _sgd_step(params, grads, buffers, active, rates, momentum, weight_decay, ext
 def chunks(count: int, size: int) -> list[range]:
     """Positions of a task's clients in runs of `size` (the last shorter), in client order."""
     return [range(i, min(count, i + size)) for i in range(0, count, max(1, size))]
-
-
-def overridden_below_batched_twin(algorithm, names: Sequence[str]) -> str | None:
-    """One line naming the methods of `names` (e.g. client_update) that a subclass overrides
-    below the class defining the algorithm's `batched_client_updates`, or None. The batched
-    twin reproduces the sequential path of its own class; a subclass that changes that path
-    without overriding the twin too would be batched into doing something else. A subclass
-    that changes both (examples/plugins/clipped_fedavg.py) stays batched."""
-    classes = type(algorithm).__mro__
-    twin = next(c for c in classes if "batched_client_updates" in vars(c))
-    own = [
-        name
-        for name in names
-        if classes.index(next(c for c in classes if name in vars(c))) < classes.index(twin)
-    ]
-    if not own:
-        return None
-    return (
-        f"{type(algorithm).__name__} overrides {' and '.join(own)} but not batched_client_updates"
-    )
 
 
 def batching_refusal(ctx, hooks) -> str | None:
@@ -529,10 +488,7 @@ __all__ = [
     "batched_updates",
     "batching_refusal",
     "chunks",
-    "client_sgd",
     "model_problem",
-    "overridden_below_batched_twin",
     "padded_rows",
-    "sample_cross_entropy",
     "train_batched",
 ]

@@ -1,0 +1,292 @@
+"""One client description, two drivers.
+
+A method states its client once, as three pure-ish pieces (docs/EXTENDING.md):
+
+    client_step(payload, ctx) -> ClientStep      this round's local training: the model, the
+                                                  loss of a batch, the SGD and its schedule
+    client_start(payload, client_id, ctx)        the values a client starts training from
+                                                  (a flat vector: the trained tensors, then
+                                                  the extra values, e.g. FedAwS's class row)
+    client_messages(payload, trained, ctx)       the updates of trained clients (TrainedClients:
+                                                  ids, labels, starts, trained rows, losses)
+
+and `DescribedClient` (the method's base) runs it, the pattern of fedjax's `client_step` run by
+a sequential or a vmapped driver:
+
+- `client_update`: one client at a time, the model trained in place by the engine's loop
+  (`train_one`: raysim.core.training.local_training with the step's loss and optimizer);
+- `batched_client_updates` (`clients.batched`): a chunk of clients vmapped
+  (raysim.core.batched_training.train_batched, the same loss per row of every padded batch).
+
+Both drivers hand the same `client_messages` their results, so what a client sends is written
+once. A method whose client does not fit (Per-FedAvg's inner and outer steps) sets
+`client_step = None` and writes its own `client_update`; overriding `client_update` of a
+described method is refused when the class is defined (the batched driver would not see it).
+Why a configuration cannot be vmapped is the method's one declared capability,
+`batching_problem(ctx)`.
+
+This module imports nothing from raysim.algorithms.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from raysim.core.state import ClientUpdate
+from raysim.core.training import fresh_sgd, local_training, scheduled_lr, set_lr
+from raysim.models.devices import autocast
+
+
+@dataclass(frozen=True)
+class ClientStep:
+    """One round's local training, the same for every client of the round.
+
+    `loss(outputs, targets)` (or `loss(outputs, targets, extra)` when the clients train extra
+    values) is the mean loss of a batch; the vmapped driver takes it row by row (a batch of
+    one), so both drivers run the very same function. Then SGD: `lr` (the round's base rate;
+    one per client is accepted by the vmapped driver), `lr_schedule` within the round
+    (raysim.core.training.scheduled_lr), momentum, weight decay and FedProx's `proximal_mu`.
+
+    `trainable`: the names of the model's tensors a client trains (None: every floating
+    tensor of its state dict, the model vector's order); the others are shared, not trained
+    (FRL's supernet weights). `extra_lr` is not None when each client trains values beside the
+    model (the last values of its start), stepped at that rate. `step_inputs(params)`: for the
+    vmapped driver, more per-client tensors computed from the stacked values before every
+    step (FRL's top-k masks; the sequential model computes them itself).
+    `as_tensor`: trained rows come back as a tensor on the step's device (FRL ranks there).
+
+    Sequential only: `optimizer(params, steps_per_epoch) -> (optimizer, scheduler | None)`, a
+    local optimizer other than SGD (FLAG's Adam + OneCycle), and `mixed_precision` (bfloat16
+    autocast); `vmap_problem` says so in one line."""
+
+    model: nn.Module
+    loss: Callable[..., torch.Tensor]
+    lr: float | Sequence[float]
+    batch_size: int
+    epochs: int
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"
+    proximal_mu: float = 0.0
+    trainable: tuple[str, ...] | None = None
+    extra_lr: float | None = None
+    step_inputs: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    as_tensor: bool = False
+    optimizer: Callable | None = None
+    mixed_precision: bool = False
+
+    @classmethod
+    def of(cls, clients, **fields) -> ClientStep:
+        """A step with the config's `clients` SGD (batch size, epochs, momentum, weight
+        decay) and `fields`."""
+        return cls(
+            batch_size=clients.batch_size,
+            epochs=clients.local_epochs,
+            momentum=clients.momentum,
+            weight_decay=clients.weight_decay,
+            **fields,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        # (a meta tensor only gives a shape: fedaws_bag_batched's per-client table)
+        devices = (p.device for p in self.model.parameters() if p.device.type != "meta")
+        return next(devices, torch.device("cpu"))
+
+    def vmap_problem(self) -> str | None:
+        """Why the vmapped driver cannot run this step (one line), or None."""
+        if self.optimizer is not None:
+            return "its local optimizer is not SGD"
+        if self.mixed_precision:
+            return "mixed_precision (bfloat16 autocast) is not batched"
+        return None
+
+
+@dataclass(frozen=True)
+class TrainedClients:
+    """What a driver hands `client_messages`: the clients in order, their labels (CPU
+    tensors), start rows, trained rows (one per client: a float32 array, or a tensor on the
+    step's device with `as_tensor`) and mean losses (NaN for a client without samples)."""
+
+    client_ids: tuple[int, ...]
+    ys: tuple[torch.Tensor, ...]
+    starts: tuple
+    trained: np.ndarray | torch.Tensor
+    losses: tuple[float, ...]
+
+    def __len__(self) -> int:
+        return len(self.client_ids)
+
+
+def trained_tensors(model: nn.Module, trainable: Sequence[str] | None) -> list[torch.Tensor]:
+    """The tensors a client trains, in the order of its start row."""
+    state = model.state_dict(keep_vars=True)
+    if trainable is None:
+        return [t for t in state.values() if t.is_floating_point()]
+    return [state[name] for name in trainable]
+
+
+def train_one(
+    step: ClientStep, start, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
+) -> tuple[np.ndarray | torch.Tensor, float]:
+    """The sequential driver: `step`'s model loaded with `start` and trained in place on one
+    client's (x, y) (on the step's device); returns its trained row and mean loss (NaN
+    without samples: nothing trains)."""
+    model, device = step.model, step.device
+    tensors = trained_tensors(model, step.trainable)
+    source = _as_tensor(start, device)
+    width = sum(t.numel() for t in tensors)
+    if source.numel() < width or (step.extra_lr is None and source.numel() != width):
+        raise ValueError(f"a start of {source.numel()} values for {width} trained values")
+    offset = 0
+    with torch.no_grad():
+        for tensor in tensors:
+            tensor.copy_(source[offset : offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+    extra = None
+    if step.extra_lr is not None:
+        extra = source[width:].clone().requires_grad_(True)
+    loss = float("nan")
+    if len(y):
+        x, y = x.to(device), y.to(device)
+        model.train()
+        loss = _local_sgd(step, model, extra, x, y, generator)
+    with torch.no_grad():
+        parts = [t.detach().reshape(-1) for t in tensors]
+        if extra is not None:
+            parts.append(extra.detach())
+        row = torch.cat(parts)
+    if step.as_tensor:
+        return row, loss
+    # torch.cat wrote new memory that nothing else holds: no second copy is needed
+    return row.cpu().numpy().astype(np.float32, copy=False), loss
+
+
+def _as_tensor(start, device: torch.device) -> torch.Tensor:
+    if isinstance(start, torch.Tensor):
+        return start.reshape(-1).to(device)
+    array = np.asarray(start, dtype=np.float32)
+    if array.flags.writeable:
+        return torch.from_numpy(array).to(device)
+    with warnings.catch_warnings():  # a read-only object-store view: it is only read here
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array).to(device)
+
+
+def _local_sgd(step: ClientStep, model, extra, x, y, generator) -> float:
+    """E epochs of the step's optimizer over the client's batches (local_training)."""
+    steps_per_epoch = -(-len(y) // step.batch_size)
+    scheduler = None
+    if step.optimizer is not None:
+        optimizer, scheduler = step.optimizer(list(model.parameters()), steps_per_epoch)
+    elif extra is None:
+        optimizer = fresh_sgd(
+            model, lr=step.lr, momentum=step.momentum, weight_decay=step.weight_decay
+        )
+    else:  # the extra values are a second parameter group at their own rate
+        optimizer = torch.optim.SGD(
+            [{"params": list(model.parameters())}, {"params": [extra], "lr": step.extra_lr}],
+            lr=step.lr,
+            momentum=step.momentum,
+            weight_decay=step.weight_decay,
+        )
+    before_step = None
+    if step.optimizer is None:  # (another optimizer brings its own scheduler)
+
+        def before_step(index: int) -> None:
+            rate = scheduled_lr(
+                step.lr_schedule,
+                step.lr,
+                index,
+                steps_per_epoch=steps_per_epoch,
+                epochs=step.epochs,
+            )
+            set_lr(optimizer, rate)
+
+    def loss_fn(batch: torch.Tensor) -> torch.Tensor:
+        with autocast(x.device, step.mixed_precision):
+            outputs = model(x[batch])
+            if extra is None:
+                return step.loss(outputs, y[batch])
+            return step.loss(outputs, y[batch], extra)
+
+    return local_training(
+        len(y),
+        generator,
+        batch_size=step.batch_size,
+        epochs=step.epochs,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        proximal_mu=step.proximal_mu,
+        before_step=before_step,
+        device=x.device,
+    )
+
+
+class DescribedClient:
+    """The base of a method that states its client once (this module's docstring): its
+    `client_update` and `batched_client_updates` are the engine's two drivers."""
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        # the class's client_step as its instances will see it (None: a client of its own)
+        described = next(
+            (vars(c)["client_step"] for c in cls.__mro__ if "client_step" in vars(c)), None
+        )
+        if "client_update" in own and described is not None:
+            raise TypeError(
+                f"{cls.__name__} overrides client_update of a method that describes its client "
+                f"(client_step): change client_step / client_start / client_messages instead, "
+                f"or set client_step = None for a client of its own (docs/EXTENDING.md)"
+            )
+        if "batched_client_updates" in own:
+            raise TypeError(
+                f"{cls.__name__} overrides batched_client_updates: the batched driver runs the "
+                f"method's client description (client_step / client_messages)"
+            )
+
+    def client_update(self, payload, x, y, client_id, generator, ctx) -> ClientUpdate:
+        step = self.client_step(payload, ctx)
+        start = self.client_start(payload, client_id, ctx)
+        trained, loss = train_one(step, start, x, y, generator)
+        rows = trained[None] if step.as_tensor else trained.reshape(1, -1)
+        done = TrainedClients((int(client_id),), (y,), (start,), rows, (loss,))
+        return self.client_messages(payload, done, ctx)[0]
+
+    def batched_client_updates(self, payload, batch, ctx) -> list[ClientUpdate]:
+        """A chunk of clients (raysim.core.batched_training.ClientBatch) vmapped."""
+        from raysim.core.batched_training import train_batched
+
+        step = self.client_step(payload, ctx)
+        problem = step.vmap_problem()
+        if problem is not None:  # batching_problem should have said so before the round
+            raise RuntimeError(f"{type(self).__name__}'s client step cannot be vmapped: {problem}")
+        starts = tuple(self.client_start(payload, c, ctx) for c in batch.client_ids)
+        trained, losses = train_batched(step, starts, batch)
+        done = TrainedClients(batch.client_ids, batch.ys, starts, trained, tuple(losses))
+        return self.client_messages(payload, done, ctx)
+
+    def batching_problem(self, ctx) -> str | None:
+        """Why this instance's clients cannot train vmapped (one line), or None: the method's
+        one declared capability. A method refines it (the model delta family asks the model,
+        FRL refuses a CPU); this default only refuses a client of its own."""
+        if self.client_step is None:
+            return f"{type(self).__name__} trains its clients in its own client_update"
+        return None
+
+
+__all__ = [
+    "ClientStep",
+    "DescribedClient",
+    "TrainedClients",
+    "train_one",
+    "trained_tensors",
+]
