@@ -98,3 +98,43 @@ DATA, PARTITION, VALIDATION = 4, 5, 11
 
 def purpose_seed(seed: int, purpose: int) -> int:
     return int(np.random.SeedSequence([seed, purpose]).generate_state(1, dtype=np.uint64)[0])
+
+
+# The streams of the simulated-time and fault rooms and of the class-embedding methods' start.
+# Their words were chosen above the purposes before them (and far from them for the last two);
+# they are part of every recorded result, so they never change.
+_SIM_SAMPLING = 22  # the simulated-time client draws of a round (raysim.core.sim_clock)
+_ASYNC_SAMPLING = 23  # the asynchronous schedule's client draws (raysim.core.async_time)
+_PROFILES = 21  # the device profiles (raysim.core.device_profiles)
+_FAULTS = 0xFA17  # the fault plan (raysim.core.faults), keyed by faults.seed, not run.seed
+_CLASS_ROWS = 0xC1A55  # the initial class embeddings of FedAwS and the softmax oracle
+
+
+def _rng(*words: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([int(w) for w in words]))
+
+
+def sim_sampling_rng(seed: int, round_index: int, attempt: int = 0) -> np.random.Generator:
+    """The draw of a simulated-time round's clients among the online ones (a redraw when a
+    round came back empty: `attempt` > 0)."""
+    return _rng(seed, _SIM_SAMPLING, round_index, *([attempt] if attempt else []))
+
+
+def async_sampling_rng(seed: int) -> np.random.Generator:
+    """The asynchronous schedule's client draws, the whole run's from one stream."""
+    return _rng(seed, _ASYNC_SAMPLING)
+
+
+def profiles_rng(seed: int) -> np.random.Generator:
+    """The device profiles' draws (speeds, links, availability phases)."""
+    return _rng(seed, _PROFILES)
+
+
+def fault_rng(fault_seed: int, round_index: int, client_id: int, attempt: int):
+    """The draws deciding one attempt's fault (failure, hard exit, straggling)."""
+    return _rng(fault_seed, _FAULTS, round_index, client_id, attempt)
+
+
+def class_rows_rng(seed: int) -> np.random.Generator:
+    """The random unit class rows FedAwS and the softmax oracle start from."""
+    return _rng(seed, _CLASS_ROWS)

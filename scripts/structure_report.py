@@ -36,7 +36,7 @@ LAYERS = [
     ["algorithms", "attacks", "runtime"],
     ["assembly"],
     ["api.py", "tune.py", "tune_space.py", "tune_results.py", "compare.py", "compare_spec.py",
-     "compare_report.py",
+     "compare_report.py", "compare_reuse.py",
      "cli.py", "__init__.py"],
 ]  # fmt: skip
 

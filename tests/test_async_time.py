@@ -15,7 +15,8 @@ import pytest
 from raysim.assembly import resume, run
 from raysim.assembly.plan import plan_run
 from raysim.config import from_dict
-from raysim.core.async_time import AsyncAggregation, staleness_weight
+from raysim.core.async_aggregation import AsyncAggregation
+from raysim.core.async_time import staleness_weight
 from raysim.core.state import ServerState
 from raysim.data.datasets import load_dataset
 from raysim.errors import ConfigError, RaysimError
@@ -275,3 +276,16 @@ def test_the_example_gives_every_method_the_same_client_update_budget():
             config = from_dict(example.BASE, [*overrides, *changes, "devices.target=0.9"])
             per_step = 1 if config.devices.aggregation == "fedasync" else config.clients.per_round
             assert config.run.rounds * per_step == 300, (dataset, method)
+
+
+def test_the_async_wrapper_accounts_for_every_algorithm_hook():
+    # a hook added to AlgorithmHooks must be forwarded, refused or replaced by the wrapper:
+    # otherwise an asynchronous run would silently drop (or wrongly keep) it
+    from dataclasses import fields
+
+    from raysim.core import async_aggregation
+    from raysim.core.algorithm import AlgorithmHooks
+
+    named = (*async_aggregation.FORWARDED, *async_aggregation.REFUSED, *async_aggregation.OWN)
+    assert len(named) == len(set(named))
+    assert set(named) == {f.name for f in fields(AlgorithmHooks)}

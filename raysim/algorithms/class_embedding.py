@@ -35,6 +35,7 @@ from raysim.metrics.xml import mean_pairwise_cosine, precision_at_k
 from raysim.models.devices import client_device, server_device, to_numpy
 from raysim.models.layout import ModelLayout, layout_of
 from raysim.models.vector import cached_model, get_vector, set_vector
+from raysim.seeds import class_rows_rng
 
 
 def normalize_rows(rows: np.ndarray) -> np.ndarray:
@@ -127,7 +128,7 @@ class ClassEmbeddingMethod:
         """theta from the seeded model, random unit class rows, and the server optimizer's
         slots over theta (or over theta and W when the server also steps W)."""
         params = get_vector(model)
-        rng = np.random.default_rng([ctx.seed, 0xC1A55])
+        rng = class_rows_rng(ctx.seed)
         classes = normalize_rows(rng.standard_normal((ctx.num_classes, dim)).astype(np.float32))
         stepped = np.concatenate([params, classes.ravel()]) if optimize_classes else params
         slots = server_optimizers.from_config(ctx.config).init(stepped)

@@ -254,6 +254,17 @@ class MultiLabelAveraging(DeltaAveraging):
         """The label statistics FLAG's weighting needs (declared beside the delta)."""
         return declared_stats(y.numpy(), ctx.num_classes)
 
+    def asynchronous_problem(self, config) -> str | None:
+        """AmAP / WmAP's client models are kept beside the aggregate: asynchronously they
+        would be written out of order; without them the server step is FedAvg's."""
+        if self.keep_client_models:
+            return (
+                "keeps each client's local model beside the aggregate (observe_contributions): "
+                "its server step is not a function of the aggregate; "
+                "algorithm.keep_client_models: false runs it without them"
+            )
+        return None
+
     def observe_contributions(
         self,
         previous: ServerState,

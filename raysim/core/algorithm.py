@@ -173,6 +173,11 @@ REQUIRED_METHODS = ("init_server", "server_payload", "client_update", "server_up
 #     def weigh_update(self, state, round_index, client_id, vector) -> vector
 #         (asynchronous aggregation weighs it by its staleness: raysim.core.async_time).
 # Per-client state between rounds: `uses_client_state = True` (ctx.client_state).
+# Asynchronous aggregation (devices.aggregation fedbuff | fedasync):
+#     def asynchronous_problem(self, config) -> str | None   why this instance's server step is
+#         not a function of the aggregate (one line), or None. Declared by a method with
+#         observe_contributions (refused without it); raysim.core.async_aggregation checks
+#         the rest.
 # Batched clients (`clients.batched: true`; docs/BATCHED.md):
 #     def batched_client_updates(self, payload, batch, ctx) -> list[ClientUpdate]
 #         one update per client of `batch` (raysim.core.batched_training.ClientBatch), in its
@@ -197,6 +202,7 @@ _CALLABLE_HOOKS = (
     "batched_client_updates",
     "batching_problem",
     "weigh_update",
+    "asynchronous_problem",
 )
 
 
@@ -223,6 +229,7 @@ class AlgorithmHooks:
     batched_client_updates: Any = None
     batching_problem: Any = None
     weigh_update: Any = None
+    asynchronous_problem: Any = None
 
     @classmethod
     def of(cls, algorithm: Any) -> AlgorithmHooks:

@@ -36,10 +36,11 @@ server state (arrays `async.v<v>.<name>`, so checkpoints and resumes carry it) f
 a client that started on it has not landed. A config whose schedule lands an update staler
 than the bound within its rounds is refused in one line before anything trains.
 
-`AsyncAggregation` wraps the configured algorithm: each client receives the payload of its
-version (a personal payload, raysim.core.algorithm's `client_payload`), the server weighs each
-update (`weigh_update`) and keeps the window (`server_update`). Every method whose server step
-is a function of the aggregate can run so; the others are refused in one line (`async_problem`).
+raysim.core.async_aggregation's `AsyncAggregation` wraps the configured algorithm: each client
+receives the payload of its version (a personal payload, raysim.core.algorithm's
+`client_payload`), the server weighs each update (`weigh_update`) and keeps the window
+(`server_update`). Every method whose server step is a function of the aggregate can run so;
+the others are refused in one line (`async_problem` there).
 """
 
 from __future__ import annotations
@@ -51,12 +52,11 @@ from typing import Any
 
 import numpy as np
 
-from raysim.core.algorithm import AlgorithmHooks
 from raysim.core.sim_clock import SimClock
-from raysim.core.state import RoundInfo, ServerState
-from raysim.errors import ConfigError, RaysimError
+from raysim.core.state import RoundInfo
+from raysim.errors import RaysimError
+from raysim.seeds import async_sampling_rng
 
-_ASYNC_SAMPLING = 23  # SeedSequence word of the asynchronous client draws
 WINDOW_PREFIX = "async.v"  # server state arrays of past model versions: async.v<v>.<name>
 MAX_WAITS = 10_000  # jumps to the next availability window before a stalled schedule is refused
 _FINISH, _OFFLINE, _LATE = 0, 1, 2
@@ -114,65 +114,6 @@ class AsyncStep:
         }
 
 
-def async_problem(algorithm: Any, config: Any) -> str | None:
-    """Why `algorithm` (with `config`) cannot run asynchronously, or None."""
-    hooks = AlgorithmHooks.of(algorithm)
-    name = config.algorithm.name
-    if hooks.reduces_in_task:
-        return (
-            f"algorithm '{name}' reduces its clients' updates inside the tasks, so the server "
-            "never holds one update to weigh by its staleness"
-        )
-    if hooks.client_payload is not None:
-        return (
-            f"algorithm '{name}' sends each client a personal payload, which the version "
-            "window does not keep"
-        )
-    if hooks.uses_client_state:
-        return (
-            f"algorithm '{name}' keeps per-client state between rounds (personalised); "
-            "trainings that overlap in time would write it out of order"
-        )
-    # (multilabel_fedavg observes only to keep client models, which its option can turn off)
-    from raysim import registry
-
-    keeps, hint = True, ""
-    if "keep_client_models" in registry.algorithms.option_names(name):
-        keeps = bool(config.algorithm.options.get("keep_client_models", True))
-        hint = "; algorithm.keep_client_models: false runs it without them"
-    if hooks.observe_contributions is not None and keeps:
-        return (
-            f"algorithm '{name}' keeps each client's local model beside the aggregate "
-            f"(observe_contributions): its server step is not a function of the aggregate{hint}"
-        )
-    if hooks.update_delta_of is None:
-        return (
-            f"algorithm '{name}' sends updates that are not deltas of a server array "
-            "(no update_delta_of; FRL's are a vote of rank positions), so a stale one "
-            "cannot be weighed or mixed"
-        )
-    codec = config.codec.name if config.codec.name != "auto" else hooks.default_codec
-    if config.devices.aggregation == "fedasync" and codec == "signs":
-        return (
-            f"algorithm '{name}' sends signs (codec 'signs'), a vote, not a model delta "
-            "that FedAsync could mix; use devices.aggregation: fedbuff"
-        )
-    if config.attack.name != "none":
-        return (
-            f"attack '{config.attack.name}' colludes within a synchronous round; set "
-            "attack.name: none"
-        )
-    if config.clients.batched:
-        return "clients.batched trains a task's clients on one payload; set clients.batched: false"
-    return None
-
-
-def check_async(algorithm: Any, config: Any) -> None:
-    problem = async_problem(algorithm, config)
-    if problem:
-        raise ConfigError(f"devices.aggregation={config.devices.aggregation}: {problem}")
-
-
 class AsyncSchedule:
     """The whole asynchronous schedule of a run, computed from the seed and the profiles: its
     server steps (which clients land in each, on which version) and the version window."""
@@ -225,7 +166,7 @@ class AsyncSchedule:
         config, profiles = self.config, clock.profiles
         deadline = config.devices.deadline_s or math.inf
         n = profiles.num_clients
-        rng = np.random.default_rng(np.random.SeedSequence([config.run.seed, _ASYNC_SAMPLING]))
+        rng = async_sampling_rng(config.run.seed)
         busy = np.zeros(n, dtype=bool)  # training, or its update waiting in the buffer
         heap: list[tuple[float, int, int, int, float]] = []  # (time, client, kind, version, d)
         buffer: list[tuple[int, int, float]] = []  # (client, version, duration)
@@ -370,124 +311,6 @@ def _next_idle_online(profiles: Any, idle: np.ndarray, t: float) -> float:
             return following
         following = np.nextafter(following, math.inf) + math.ulp(following) * 4
     return following
-
-
-class AsyncAggregation:
-    """The configured algorithm run asynchronously (see the module docstring): its state plus
-    the version window, each client's payload from its version, each update weighed by its
-    staleness (and FedAsync's mix). Built by raysim.core.server.build_algorithm when the run
-    context holds a schedule; everything else is the wrapped algorithm's."""
-
-    def __init__(self, inner: Any, schedule: AsyncSchedule, config: Any) -> None:
-        check_async(inner, config)
-        self.inner, self.schedule = inner, schedule
-        self.name = config.algorithm.name
-        # the wrapped algorithm's declarations and hooks (AlgorithmHooks reads them from here)
-        hooks = AlgorithmHooks.of(inner)
-        self.default_aggregator = inner.default_aggregator
-        self.labels, self.update_delta_of = hooks.labels, hooks.update_delta_of
-        self.default_codec, self.configurable_codec = hooks.default_codec, hooks.configurable_codec
-        for name, hook in (
-            ("update_layout", hooks.update_layout),
-            ("shared_mask", hooks.shared_mask),
-            ("check_aggregator", hooks.check_aggregator),
-            ("state_restored", hooks.state_restored),
-        ):
-            if hook is not None:
-                setattr(self, name, hook)
-
-    # --- state and the version window ----------------------------------------------------------
-    @staticmethod
-    def inner_state(state: ServerState) -> ServerState:
-        return ServerState(
-            state.round,
-            {k: v for k, v in state.arrays.items() if not k.startswith(WINDOW_PREFIX)},
-        )
-
-    @staticmethod
-    def _stored_versions(state: ServerState) -> dict[int, dict[str, np.ndarray]]:
-        versions: dict[int, dict[str, np.ndarray]] = {}
-        for key, value in state.arrays.items():
-            if key.startswith(WINDOW_PREFIX):
-                version, name = key[len(WINDOW_PREFIX) :].split(".", 1)
-                versions.setdefault(int(version), {})[name] = value
-        return versions
-
-    def version_arrays(self, state: ServerState, version: int) -> dict[str, np.ndarray]:
-        """The arrays of model `version` (<= state.round). A version missing from the window is
-        one whose server step left the model as it was (every update refused): the next stored
-        version, or the current state, equals it."""
-        if version >= state.round:
-            return self.inner_state(state).arrays
-        stored = self._stored_versions(state)
-        later = [v for v in stored if v >= version]
-        if not later:
-            return self.inner_state(state).arrays
-        return stored[min(later)]
-
-    def init_server(self, ctx: Any) -> ServerState:
-        return self.inner.init_server(ctx)  # state 0: no past version yet
-
-    def server_update(self, state: ServerState, aggregate: Any, ctx: Any):
-        current = self.inner_state(state)
-        result = self.inner.server_update(current, aggregate, ctx)
-        diagnostics = None
-        if isinstance(result, tuple):
-            result, diagnostics = result
-        if not isinstance(result, ServerState):
-            return result if diagnostics is None else (result, diagnostics)  # the server says
-        arrays = dict(result.arrays)
-        stored = self._stored_versions(state)
-        for version in self.schedule.window(result.round):
-            source = current.arrays if version == state.round else stored.get(version)
-            if source is None:
-                source = self.version_arrays(state, version)
-            for name, value in source.items():
-                arrays[f"{WINDOW_PREFIX}{version}.{name}"] = value
-        new = ServerState(result.round, arrays)
-        return new if diagnostics is None else (new, diagnostics)
-
-    # --- what crosses the wire -----------------------------------------------------------------
-    def server_payload(self, state: ServerState) -> None:
-        return None  # every client receives its own version's payload (client_payload)
-
-    def client_payload(self, state: ServerState, client_ids: np.ndarray, client_classes):
-        payloads, by_version = [], {}
-        for client_id in np.asarray(client_ids).tolist():
-            version = self.schedule.version_of(state.round, client_id)
-            if version not in by_version:
-                arrays = self.version_arrays(state, version)
-                by_version[version] = self.inner.server_payload(ServerState(version, arrays))
-            payloads.append(by_version[version])
-        return payloads
-
-    def client_update(self, payload, x, y, client_id, generator, ctx):
-        _, own = payload
-        return self.inner.client_update(own, x, y, client_id, generator, ctx)
-
-    def weigh_update(self, state: ServerState, round_index: int, client_id: int, vector):
-        """The update the server folds: s(tau) x the update (FedBuff); alpha s(tau) x (the
-        update + x_tau - x_{t-1}), its model's move from the current one (FedAsync)."""
-        schedule = self.schedule
-        weight = schedule.weight(round_index, client_id)
-        if np.issubdtype(np.asarray(vector).dtype, np.integer) and schedule.fedasync:
-            raise RaysimError(
-                f"devices.aggregation=fedasync mixes models, but algorithm '{self.name}' "
-                f"sends integer updates ({np.asarray(vector).dtype}: a vote, not a delta); use "
-                "devices.aggregation: fedbuff"
-            )
-        weighed = weight * np.asarray(vector, dtype=np.float64)
-        if schedule.fedasync:
-            name = self.update_delta_of
-            version = schedule.version_of(round_index, client_id)
-            if version < state.round:
-                start = self.version_arrays(state, version)[name]
-                drift = start.astype(np.float64) - state.arrays[name].astype(np.float64)
-                weighed = weighed + weight * drift
-        return weighed
-
-    def evaluate(self, state: ServerState, x, y, ctx):
-        return self.inner.evaluate(self.inner_state(state), x, y, ctx)
 
 
 class AsyncTally:

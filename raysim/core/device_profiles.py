@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from raysim.errors import RaysimError
-
-_PROFILES = 21  # the SeedSequence word of profile draws (raysim.seeds' purposes are below 21)
+from raysim.seeds import profiles_rng
 
 # A trace is input: bounded before it is read, so a wrong path (a device, a huge log) fails in
 # one line instead of filling memory.
@@ -89,7 +88,7 @@ class Profiles:
 
 def sampled_profiles(devices, seed: int, num_clients: int) -> Profiles:
     """Log-normal speeds and bandwidths and a periodic window at a seeded phase per client."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _PROFILES]))
+    rng = profiles_rng(seed)
 
     def lognormal(median: float, sigma: float) -> np.ndarray:
         return median * np.exp(sigma * rng.standard_normal(num_clients))

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raysim.errors import RaysimError
-
-_FAULTS = 0xFA17  # purpose word: keeps the fault streams apart from every other stream
+from raysim.seeds import fault_rng
 
 EXCEPTION, EXIT = "exception", "exit"
 
@@ -121,8 +120,7 @@ class FaultPlan:
         )
 
     def _draws(self, round_index: int, client_id: int, attempt: int) -> np.ndarray:
-        words = [self.seed, _FAULTS, int(round_index), int(client_id), int(attempt)]
-        return np.random.default_rng(np.random.SeedSequence(words)).random(3)
+        return fault_rng(self.seed, round_index, client_id, attempt).random(3)
 
     def failure(self, round_index: int, client_id: int, attempt: int) -> str | None:
         """EXIT, EXCEPTION or None: what happens to this attempt at training the client."""

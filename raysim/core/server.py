@@ -45,7 +45,7 @@ def build_algorithm(ctx: RunContext):
     check_algorithm(algorithm, config.name)
     check_labels(algorithm, config.name, ctx)
     if ctx.config.devices.asynchronous and ctx.sim_schedule is not None:  # fedbuff | fedasync
-        from raysim.core.async_time import AsyncAggregation
+        from raysim.core.async_aggregation import AsyncAggregation
 
         algorithm = AsyncAggregation(algorithm, ctx.sim_schedule, ctx.config)
     return algorithm

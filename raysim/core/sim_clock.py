@@ -26,9 +26,8 @@ import numpy as np
 from raysim.core.device_profiles import Profiles, read_trace, sampled_profiles
 from raysim.core.state import RoundInfo
 from raysim.errors import RaysimError
-from raysim.seeds import attacker_pool
+from raysim.seeds import attacker_pool, sim_sampling_rng
 
-_SIM_SAMPLING = 22  # SeedSequence word of the simulated-time client draws
 MAX_ATTEMPTS = 10_000  # draws of one round before a deadline no client meets is refused
 
 
@@ -162,11 +161,7 @@ class SimClock:
                 "windows have ended; set devices.trace_period_s to repeat them)"
             )
         online = np.flatnonzero(self.profiles.online(start))
-        rng = np.random.default_rng(
-            np.random.SeedSequence(
-                [self.config.run.seed, _SIM_SAMPLING, round_index] + ([attempt] if attempt else [])
-            )
-        )
+        rng = sim_sampling_rng(self.config.run.seed, round_index, attempt)
         wanted = min(len(online), math.ceil(k * (1.0 + devices.over_selection) - 1e-9))
         chosen = np.sort(rng.choice(online, size=wanted, replace=False)).astype(np.int64)
         took = self.durations(chosen)
