@@ -179,18 +179,36 @@ def plot(args: argparse.Namespace) -> None:
     )
     for axis, fraction in zip(axes[0], args.fractions, strict=True):
         for index, method in enumerate(args.methods):
-            for number, seed in enumerate(args.seeds):
-                points = curve(run_dir(args.out, method, fraction, seed), args.rounds)
-                if points:
-                    axis.plot(
-                        list(points),
-                        [100 * v for v in points.values()],
-                        color=f"C{index}",
-                        alpha=0.8,
-                        linestyle="-" if number == 0 else "--",
-                        label=method if number == 0 else None,
-                    )
-        axis.set_title(f"{fraction:.0%} malicious (solid: seed {args.seeds[0]})", fontsize=9)
+            curves = [
+                points
+                for seed in args.seeds
+                if (points := curve(run_dir(args.out, method, fraction, seed), args.rounds))
+            ]
+            if not curves:
+                continue
+            for points in curves:  # every seed, thin
+                axis.plot(
+                    list(points), [100 * v for v in points.values()], color=f"C{index}", lw=0.5
+                )
+            # the mean over the seeds that reached a round, and their spread (min to max) shaded
+            rounds = sorted(set().union(*curves))
+            values = [[100 * c[r] for c in curves if r in c] for r in rounds]
+            axis.plot(
+                rounds,
+                [statistics.fmean(v) for v in values],
+                color=f"C{index}",
+                lw=1.5,
+                label=f"{method} ({len(curves)} seed{'s' if len(curves) > 1 else ''})",
+            )
+            axis.fill_between(
+                rounds,
+                [min(v) for v in values],
+                [max(v) for v in values],
+                color=f"C{index}",
+                alpha=0.2,
+                lw=0,
+            )
+        axis.set_title(f"{fraction:.0%} malicious: mean over seeds, min-max shaded", fontsize=9)
         axis.set_xlabel("round")
         axis.set_ylabel("test accuracy (%)")
         axis.set_ylim(0, 100)
