@@ -103,9 +103,9 @@ def purpose_seed(seed: int, purpose: int) -> int:
 # The streams of the simulated-time and fault rooms and of the class-embedding methods' start.
 # Their words were chosen above the purposes before them (and far from them for the last two);
 # they are part of every recorded result, so they never change.
-_SIM_SAMPLING = 22  # the simulated-time client draws of a round (raysim.core.sim_clock)
-_ASYNC_SAMPLING = 23  # the asynchronous schedule's client draws (raysim.core.async_time)
-_PROFILES = 21  # the device profiles (raysim.core.device_profiles)
+_SIM_SAMPLING = 22  # the simulated-time client draws of a round (raysim.core.schedule.sync_clock)
+_ASYNC_SAMPLING = 23  # the asynchronous schedule's client draws (raysim.core.schedule.async_events)
+_PROFILES = 21  # the device profiles (raysim.core.schedule.profiles)
 _FAULTS = 0xFA17  # the fault plan (raysim.core.faults), keyed by faults.seed, not run.seed
 _CLASS_ROWS = 0xC1A55  # the initial class embeddings of FedAwS and the softmax oracle
 

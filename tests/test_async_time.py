@@ -1,8 +1,8 @@
 """Asynchronous aggregation in simulated time (devices.aggregation: fedbuff | fedasync;
-raysim.core.async_time, docs/SIMULATED_TIME.md): an async run is a function of the seed alone
-(twice, Ray vs local for two packings, resumed), its staleness weights follow the formula on a
-hand-worked case, an offline client is never trained, and a method that cannot run
-asynchronously is refused in one line."""
+raysim.core.schedule.async_events, docs/SIMULATED_TIME.md): an async run is a function of the
+seed alone (twice, Ray vs local for two packings, resumed), its staleness weights follow the
+formula on a hand-worked case, an offline client is never trained, and a method that cannot
+run asynchronously is refused in one line."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from raysim.assembly import resume, run
 from raysim.assembly.plan import plan_run
 from raysim.config import from_dict
 from raysim.core.async_aggregation import AsyncAggregation
-from raysim.core.async_time import staleness_weight
+from raysim.core.schedule.async_events import staleness_weight
 from raysim.core.state import ServerState
 from raysim.data.datasets import load_dataset
 from raysim.errors import ConfigError, RaysimError

@@ -13,8 +13,8 @@ import pytest
 from raysim.assembly import resume, run
 from raysim.assembly.plan import plan_run
 from raysim.config import from_dict
-from raysim.core.device_profiles import read_trace
-from raysim.core.sim_clock import SimClock
+from raysim.core.schedule.profiles import read_trace
+from raysim.core.schedule.sync_clock import SimClock
 from raysim.data.datasets import load_dataset
 from raysim.errors import RaysimError
 

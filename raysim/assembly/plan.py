@@ -44,7 +44,7 @@ def plan_run(config: Config, dataset: Dataset) -> RunPlan:
     ctx = run_context(config, dataset, partition)
     if config.devices.asynchronous:  # the whole schedule, before anything starts
         from raysim.core.async_aggregation import check_async
-        from raysim.core.async_time import AsyncSchedule
+        from raysim.core.schedule.async_events import AsyncSchedule
 
         algorithm = registry.algorithms.build(config.algorithm.name, **config.algorithm.options)
         check_async(algorithm, config)

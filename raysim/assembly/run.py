@@ -12,15 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from raysim import interrupts, registry
 from raysim.assembly.plan import plan_run
 from raysim.assembly.recovery import ServerKeeper
 from raysim.assembly.resume import check_resume_config, find_resume_point, resume_config
 from raysim.config import Config
-from raysim.core import sim_time
+from raysim.core import schedule as round_schedule
 from raysim.core.backend import check_backend, check_started_backend
 from raysim.core.faults import CapacityLost
-from raysim.core.loop import round_info, run_rounds
+from raysim.core.loop import run_rounds
+from raysim.core.schedule.sampling import clients_per_round
 from raysim.core.state import ServerState
 from raysim.data.datasets import Dataset
 from raysim.errors import RaysimError
@@ -146,7 +149,7 @@ def run(
         raise
     print(
         f"raysim: {config.algorithm.name} on {dataset.name} ({len(dataset.train_y)} train "
-        f"samples, {split.num_clients} clients, {config.clients.per_round} per round); "
+        f"samples, {split.num_clients} clients, {clients_per_round(config)} per round); "
         f"{backend.describe()}",
         flush=True,
     )
@@ -160,19 +163,19 @@ def run(
 
         bar = Progress(config.run.rounds, first_round)
     try:
-        clock = sim_time.start(config, backend, history, first_round)  # None without devices:
         # Which clients train in each round: the devices' clock when the run has one, else the
-        # seed's sample. The loop and the replays after a lost server follow this one plan.
-        plan = clock.info if clock else functools.partial(round_info, config, split.num_clients)
-        server = ServerKeeper(backend, outputs.checkpoint_dir, restored, plan)
+        # seed's sample. The loop and the replays after a lost server follow this one schedule.
+        schedule = round_schedule.build(
+            config, np.diff(split.offsets), backend.ctx, history, first_round
+        )
+        server = ServerKeeper(backend, outputs.checkpoint_dir, restored, schedule.info)
         try:
             state, tally, wall_s = run_rounds(
                 config,
                 backend,
                 outputs,
                 server,
-                plan=plan,
-                clock=clock,
+                schedule=schedule,
                 first_round=first_round,
                 history=history,
                 on_round=on_round,

@@ -1,5 +1,5 @@
 """The `devices:` section: simulated device profiles and a simulated clock
-(raysim.core.device_profiles, raysim.core.sim_clock; docs/SIMULATED_TIME.md).
+(raysim.core.schedule.profiles, raysim.core.schedule.sync_clock; docs/SIMULATED_TIME.md).
 
 With `profiles: none` (the default) nothing of this section is used and a run is exactly what
 it was without it. `sampled` draws each client's compute speed and link bandwidths from
@@ -48,8 +48,8 @@ class DevicesConfig:
     # time-to-accuracy: simulated seconds until eval[target_metric] first reaches target
     target_metric: str = "accuracy"
     target: float | None = None
-    # asynchronous aggregation in simulated time (raysim.core.async_time): sync (rounds as
-    # above) | fedbuff (Nguyen et al. 2022) | fedasync (Xie et al. 2019)
+    # asynchronous aggregation in simulated time (raysim.core.schedule.async_events): sync
+    # (rounds as above) | fedbuff (Nguyen et al. 2022) | fedasync (Xie et al. 2019)
     aggregation: str = "sync"
     buffer_size: int = 0  # FedBuff's K: updates per server step; 0: clients.per_round
     concurrency: int = 0  # clients training at once; 0: clients.per_round

@@ -48,7 +48,7 @@ class RunContext:
     # How the backend builds a nearest-class index (raysim.index.build_index's signature):
     # the Ray backend's puts several shards in actors. None: every shard in-process.
     index_builder: Any = field(default=None, compare=False)
-    # The asynchronous schedule (raysim.core.async_time.AsyncSchedule) when
+    # The asynchronous schedule (raysim.core.schedule.async_events.AsyncSchedule) when
     # devices.aggregation is fedbuff or fedasync; None otherwise.
     sim_schedule: Any = field(default=None, compare=False)
 
@@ -171,7 +171,7 @@ REQUIRED_METHODS = ("init_server", "server_payload", "client_update", "server_up
 # Server state restored from a checkpoint: def state_restored(self, state, ctx) -> None.
 # Each accepted update before it is folded:
 #     def weigh_update(self, state, round_index, client_id, vector) -> vector
-#         (asynchronous aggregation weighs it by its staleness: raysim.core.async_time).
+#         (asynchronous aggregation weighs it by its staleness: raysim.core.schedule.async_events).
 # Per-client state between rounds: `uses_client_state = True` (ctx.client_state).
 # Asynchronous aggregation (devices.aggregation fedbuff | fedasync):
 #     def asynchronous_problem(self, config) -> str | None   why this instance's server step is

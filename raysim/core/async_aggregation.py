@@ -2,7 +2,7 @@
 which methods can (`async_problem`), and the wrapper that runs them (`AsyncAggregation`).
 
 The schedule itself (who trains when, on which version, the staleness weights) is
-raysim.core.async_time's; docs/SIMULATED_TIME.md describes both.
+raysim.core.schedule.async_events's; docs/SIMULATED_TIME.md describes both.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from raysim.core.algorithm import AlgorithmHooks
-from raysim.core.async_time import WINDOW_PREFIX, AsyncSchedule
+from raysim.core.schedule.async_events import WINDOW_PREFIX, AsyncSchedule
 from raysim.core.state import ServerState
 from raysim.errors import ConfigError, RaysimError
 

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from raysim.core.schedule.sampling import clients_per_round
+
 BYTES_PER_PARAMETER = 40  # the largest measured (SGD with momentum and a proximal term)
 # Forward outputs kept for the backward pass, their gradients, and one temporary.
 ACTIVATION_COPIES = 3
@@ -51,7 +53,7 @@ def chunk_clients(config, device: torch.device, model: nn.Module, input_shape, r
     chunk = config.clients.batch_chunk
     if chunk != "auto":
         return int(chunk)
-    cap = max(1, int(config.clients.per_round) + _extra_clients(config))
+    cap = max(1, clients_per_round(config) + _extra_clients(config))
     per_client = client_bytes(model, tuple(input_shape), rows, int(largest))
     budget = memory_budget(config, device)
     return max(MIN_AUTO_CHUNK, min(cap, budget // max(1, per_client)))

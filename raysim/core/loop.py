@@ -19,41 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from raysim import interrupts
 from raysim.config import Config
-from raysim.core import sim_time
 from raysim.core.faults import CapacityLost
 from raysim.core.run_record import RunTally, add_outcome, idle_reason, round_record
-from raysim.core.state import RoundInfo, ServerState
+from raysim.core.schedule import RoundSchedule
+from raysim.core.state import ServerState
 from raysim.errors import RaysimError
-from raysim.seeds import attacker_pool, sample_clients
-
-
-def malicious_below(config: Config, num_clients: int) -> int:
-    """Malicious clients are the lowest ids: this many (none unless an attack is configured)."""
-    if config.attack.name == "none":
-        return 0
-    return int(config.attack.fraction * num_clients)
-
-
-def round_info(config: Config, num_clients: int, round_index: int) -> RoundInfo:
-    """Round `round_index`'s clients (a function of the seed and the round alone) and, when a
-    round holds malicious clients, the colluding attacker's pool."""
-    seed, below = config.run.seed, malicious_below(config, num_clients)
-    client_ids = sample_clients(
-        seed,
-        round_index,
-        num_clients,
-        config.clients.per_round,
-        below,
-        config.attack.redraw_majority,
-    )
-    pool = np.zeros(0, dtype=np.int64)
-    if below and np.searchsorted(client_ids, below):
-        pool = attacker_pool(seed, round_index, below, config.attack.pool_size, client_ids)
-    return RoundInfo(round_index, client_ids, below, pool)
 
 
 def _test_kill_hook() -> int | None:
@@ -68,8 +40,7 @@ def run_rounds(
     outputs: Any,
     server: Any,
     *,
-    plan: Callable[[int], RoundInfo],
-    clock: sim_time.RunClock | None,
+    schedule: RoundSchedule,
     first_round: int,
     history: list[dict[str, Any]] | None,
     on_round: Callable[[dict[str, Any]], None] | None,
@@ -78,9 +49,9 @@ def run_rounds(
     """Rounds `first_round`..`run.rounds - 1` on the started `backend`, each logged to
     `outputs` (raysim.outputs.RunOutputs) and checkpointed when due; calls on the server go
     through `server.call(fn, rounds_done)` (raysim.assembly.recovery: a lost server is
-    restarted). `plan(round_index)` names each round's clients (round_info, or the simulated
-    clock's `info` with `devices:`); `clock` (None without `devices:`) writes each round's
-    `sim` record. Returns the final state, the run's tally and the loop's wall time.
+    restarted). `schedule` (raysim.core.schedule) names each round's clients and, with
+    `devices:`, writes each round's `sim` record. Returns the final state, the run's tally and
+    the loop's wall time.
     A CapacityLost carries the rounds finished (`rounds_done`) out to the caller."""
     rounds = config.run.rounds
     tally = RunTally(history)
@@ -90,11 +61,11 @@ def run_rounds(
     started = time.perf_counter()
     for round_index in range(first_round, rounds):
         round_started = time.perf_counter()
-        info = next_info or plan(round_index)
+        info = next_info or schedule.info(round_index)
         # The next round's clients are known now (sampling depends on seed and round only),
         # so a backend may dispatch them as soon as this round's model exists.
         last = round_index == rounds - 1
-        next_info = None if last else plan(round_index + 1)
+        next_info = None if last else schedule.info(round_index + 1)
         evaluate = (
             last
             or (round_index + 1) % config.run.eval_every == 0
@@ -115,8 +86,7 @@ def run_rounds(
             record["server_restarts"] = server.restarts_in_round
             record["replayed_rounds"] = server.replayed_in_round
         add_outcome(record, stats)
-        if clock:
-            clock.add_record(round_index, record)
+        schedule.add_record(round_index, record)
         tally.add(record, stats)
         for line in stats.rejected:
             print(f"raysim: {line}", file=sys.stderr, flush=True)
@@ -139,6 +109,5 @@ def run_rounds(
         if bar is not None:
             bar.update(tally.latest(), stats.trained_in)
     wall_s = time.perf_counter() - started
-    if clock:
-        tally.sim = clock.summary()
+    tally.sim = schedule.summary()
     return server.call(backend.get_state, rounds), tally, wall_s

@@ -139,7 +139,7 @@ class RunTally:
             "task_retries": totals["task_retries"],
             "server_restarts": server_restarts,
             "median_round_s": (statistics.median(self.round_times) if self.round_times else None),
-            # simulated time, participation, time-to-target (raysim.core.sim_clock)
+            # simulated time, participation, time-to-target (raysim.core.schedule.sync_clock)
             **({"sim": self.sim} if self.sim is not None else {}),
         }
 

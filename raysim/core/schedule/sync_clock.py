@@ -1,7 +1,7 @@
 """Synchronous rounds in simulated time (`devices:`; docs/SIMULATED_TIME.md).
 
 Before a round trains anything, its clients' fates are decided from their device profiles
-(raysim.core.device_profiles): at the round's simulated start, ceil(K (1 + over_selection))
+(raysim.core.schedule.profiles): at the round's simulated start, ceil(K (1 + over_selection))
 clients are drawn among those online (K = clients.per_round); each one's simulated duration
 is its download, its compute (samples x local epochs x the cost of a sample, over its FLOP/s)
 and its upload; a client whose availability window closes before it would finish is dropped
@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from raysim.core.device_profiles import Profiles, read_trace, sampled_profiles
+from raysim.core.schedule.profiles import Profiles, read_trace, sampled_profiles
+from raysim.core.schedule.sampling import clients_per_round
 from raysim.core.state import RoundInfo
 from raysim.errors import RaysimError
 from raysim.seeds import attacker_pool, sim_sampling_rng
@@ -153,7 +154,7 @@ class SimClock:
         return RoundInfo(round_index, ids, below, pool)
 
     def _plan(self, round_index: int, start: float, attempt: int) -> SimRound:
-        devices, k = self.devices, self.config.clients.per_round
+        devices, k = self.devices, clients_per_round(self.config)
         start = self.profiles.next_online(start)
         if math.isinf(start):
             raise RaysimError(

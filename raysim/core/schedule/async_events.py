@@ -52,7 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from raysim.core.sim_clock import SimClock
+from raysim.core.schedule.sampling import clients_per_round
+from raysim.core.schedule.sync_clock import SimClock
 from raysim.core.state import RoundInfo
 from raysim.errors import RaysimError
 from raysim.seeds import async_sampling_rng
@@ -71,11 +72,11 @@ def buffer_size(config: Any) -> int:
     devices = config.devices
     if devices.aggregation == "fedasync":
         return 1
-    return int(devices.buffer_size or config.clients.per_round)
+    return int(devices.buffer_size or clients_per_round(config))
 
 
 def concurrency(config: Any) -> int:
-    return int(config.devices.concurrency or config.clients.per_round)
+    return int(config.devices.concurrency or clients_per_round(config))
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,7 @@ class AsyncSchedule:
     def step(self, round_index: int) -> AsyncStep:
         return self.steps[round_index]
 
-    round = step  # the name SimClock's rounds have (raysim.core.sim_time)
+    round = step  # the name SimClock's rounds have (raysim.core.schedule)
 
     def info(self, round_index: int) -> RoundInfo:
         return RoundInfo(round_index, self.steps[round_index].kept)
@@ -318,7 +319,7 @@ class AsyncTally:
     staleness distribution and every client's update count."""
 
     def __init__(self, devices: Any, num_clients: int) -> None:
-        from raysim.core.sim_clock import SimTally
+        from raysim.core.schedule.sync_clock import SimTally
 
         self.base = SimTally(devices, num_clients)
         self.staleness: list[int] = []

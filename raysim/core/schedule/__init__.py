@@ -1,0 +1,86 @@
+"""The schedule wing: which clients train in each round, and, with `devices:`, when, in
+simulated time. One contract for the round loop, built once per run by `build`:
+
+    schedule.info(round) -> RoundInfo       the round's clients (and the attacker's pool)
+    schedule.add_record(round, record)      the round's `sim` record (nothing without devices:)
+    schedule.summary() -> dict | None       summary.json's `sim` (None without devices:)
+
+Three schedules stand behind it, one per file:
+
+- `sampling.py`: no `devices:`: the seed's sample of `clients.per_round` clients (the one
+  reading of that option, `clients_per_round`, which the other two start from too);
+- `sync_clock.py`: synchronous rounds on device profiles (`profiles.py`): the online clients
+  drawn, their simulated durations, deadlines and over-selection, and their tally;
+- `async_events.py`: FedBuff / FedAsync: the event simulation, computed from the seed and the
+  profiles before anything trains, and its tally.
+
+The loop and the replays after a lost server follow the one schedule the assembly built.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from raysim.core.schedule.sampling import clients_per_round, malicious_below, round_info
+from raysim.core.schedule.sync_clock import SimClock, SimTally
+from raysim.core.state import RoundInfo
+
+
+class RoundSchedule:
+    """A run's schedule: `info` names each round's clients; with simulated time, `clock` (a
+    SimClock or an AsyncSchedule) gives each round's simulated record and `tally` sums them."""
+
+    def __init__(self, info, clock: Any = None, tally: Any = None) -> None:
+        self._info, self.clock, self.tally = info, clock, tally
+
+    def info(self, round_index: int) -> RoundInfo:
+        return self._info(round_index)
+
+    def add_record(self, round_index: int, record: dict[str, Any]) -> None:
+        if self.clock is None:
+            return
+        sim = self.clock.round(round_index)
+        record["sim"] = sim.record()
+        self.tally.add(sim, record)
+
+    def summary(self) -> dict[str, Any] | None:
+        return None if self.tally is None else self.tally.summary()
+
+
+def build(
+    config: Any,
+    sizes: np.ndarray,
+    ctx: Any,
+    history: list[dict[str, Any]] | None = None,
+    first: int = 0,
+) -> RoundSchedule:
+    """The run's schedule for clients of `sizes` samples: the seed's sample without
+    `devices:`, else the simulated clock, its tally continued over the rounds before a resume
+    (the clock recomputes them: their clients follow from the seed). An asynchronous run's
+    event simulation is the one its plan computed (`ctx.sim_schedule`, which the server's
+    algorithm wrapper weighs updates by), else computed here."""
+    num_clients = len(sizes)
+    if not config.devices.enabled:
+        return RoundSchedule(functools.partial(round_info, config, num_clients))
+    if config.devices.asynchronous:  # FedBuff / FedAsync
+        from raysim.core.schedule.async_events import AsyncSchedule, AsyncTally
+
+        clock = ctx.sim_schedule  # computed when the run was planned
+        if clock is None:  # a backend plug-in whose context lost the field
+            clock = AsyncSchedule(config, sizes, ctx)
+        tally = AsyncTally(config.devices, num_clients)
+    else:
+        clock, tally = SimClock(config, sizes, ctx), SimTally(config.devices, num_clients)
+    schedule = RoundSchedule(clock.info, clock, tally)
+    records = {record.get("round"): record for record in history or []}
+    for round_index in range(first):
+        tally.add(
+            clock.round(round_index), records.get(round_index + 1, {"round": round_index + 1})
+        )
+    return schedule
+
+
+__all__ = ["RoundSchedule", "build", "clients_per_round", "malicious_below", "round_info"]

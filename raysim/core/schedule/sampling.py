@@ -1,0 +1,43 @@
+"""Which clients a round trains without simulated time: the seed's sample (and the attacker's
+pool), and the one reading of `clients.per_round` every schedule starts from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from raysim.core.state import RoundInfo
+from raysim.seeds import attacker_pool, sample_clients
+
+
+def clients_per_round(config: Any) -> int:
+    """K, the clients a synchronous round trains (and the default of FedBuff's buffer and of
+    the clients training at once asynchronously): the one place the config's
+    `clients.per_round` is read."""
+    return int(config.clients.per_round)
+
+
+def malicious_below(config: Any, num_clients: int) -> int:
+    """Malicious clients are the lowest ids: this many (none unless an attack is configured)."""
+    if config.attack.name == "none":
+        return 0
+    return int(config.attack.fraction * num_clients)
+
+
+def round_info(config: Any, num_clients: int, round_index: int) -> RoundInfo:
+    """Round `round_index`'s clients (a function of the seed and the round alone) and, when a
+    round holds malicious clients, the colluding attacker's pool."""
+    seed, below = config.run.seed, malicious_below(config, num_clients)
+    client_ids = sample_clients(
+        seed,
+        round_index,
+        num_clients,
+        clients_per_round(config),
+        below,
+        config.attack.redraw_majority,
+    )
+    pool = np.zeros(0, dtype=np.int64)
+    if below and np.searchsorted(client_ids, below):
+        pool = attacker_pool(seed, round_index, below, config.attack.pool_size, client_ids)
+    return RoundInfo(round_index, client_ids, below, pool)
