@@ -104,3 +104,34 @@ def test_a_started_backend_without_its_split_is_refused_in_one_line(digits_confi
     assert "\n" not in message and "started without split" in message
     assert shut_down == [True]  # what it started is released
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_a_backend_that_plans_twice_is_refused_in_one_line(digits_config_path, tmp_path):
+    """The assembly keeps the one plan it handed the backend: a backend that calls `prepare`
+    a second time (two plans, two splits) is refused before any round trains."""
+    original_start = vars(LocalBackend)["start"].__func__
+
+    class PlansTwice(LocalBackend):
+        @classmethod
+        def start(cls, config, address, prepare):
+            def twice(dataset):
+                prepare(dataset)
+                return prepare(dataset)
+
+            return original_start(cls, config, address, twice)
+
+    registry.backends.register("plans_twice_test", PlansTwice)
+    try:
+        with pytest.raises(raysim.RaysimError) as caught:
+            raysim.run(
+                digits_config_path,
+                out=tmp_path / "out",
+                overrides=[*DIGITS_OVERRIDES, "runtime.backend=plans_twice_test"],
+                progress=False,
+                tensorboard=False,
+            )
+    finally:
+        registry.backends.unregister("plans_twice_test")
+    message = str(caught.value)
+    assert "\n" not in message and "called prepare 2 times" in message
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

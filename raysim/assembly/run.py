@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from raysim import interrupts, registry
-from raysim.assembly.plan import plan_run
+from raysim.assembly.plan import RunPlan, plan_run
 from raysim.assembly.recovery import ServerKeeper
 from raysim.assembly.resume import check_resume_config, find_resume_point, resume_config
 from raysim.config import Config
@@ -43,17 +43,32 @@ def start_backend(config: Config, address: str | None):
     """Start the configured backend (raysim.core.backend): it loads the data, plans the run
     with `prepare` (raysim.assembly.plan) and starts the server. Joining a cluster (`address`)
     means the Ray backend."""
+    return start_planned(config, address)[0]
+
+
+def start_planned(config: Config, address: str | None) -> tuple[Any, Dataset, RunPlan]:
+    """`start_backend`, with the dataset the backend loaded and the plan it was handed: the
+    assembly keeps these rather than reading them back from the backend."""
     name = "ray" if address and config.runtime.backend == "local" else config.runtime.backend
     backend_class = registry.backends.get(name)
     check_backend(backend_class, name)
 
-    def prepare(dataset: Dataset):
+    planned: list[tuple[Dataset, RunPlan]] = []
+
+    def prepare(dataset: Dataset) -> RunPlan:
         plan = plan_run(config, dataset)
-        return plan.split, plan.ctx
+        planned.append((dataset, plan))
+        return plan
 
     backend = backend_class.start(config, address, prepare)
     check_started_backend(backend, name)
-    return backend
+    if len(planned) != 1:  # (a backend plug-in that planned twice, or not at all)
+        backend.shutdown()
+        raise RaysimError(
+            f"backend '{name}' called prepare {len(planned)} times while starting; a backend "
+            "plans its run exactly once (raysim.core.backend)"
+        )
+    return backend, *planned[0]
 
 
 def resume(
@@ -123,9 +138,9 @@ def run(
         check_resume_config(out_dir, config)
     restored, history = None, None
     # Data and backend first: bad input fails here, before anything in out_dir is touched.
-    backend = start_backend(config, address)
+    backend, dataset, plan = start_planned(config, address)
     interrupts.reclaim_sigterm()  # (ray.init installed its own SIGTERM handler)
-    dataset, split = backend.dataset, backend.split
+    split = plan.split
     try:
         if resume_from_checkpoint:  # checkpoints are checked against the run's initial state
             restored, history = find_resume_point(out_dir, template=backend.get_state())

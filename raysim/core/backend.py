@@ -7,9 +7,10 @@ A backend class provides
     @classmethod
     def start(cls, config, address, prepare) -> backend
         load the dataset where it belongs (the Ray backend loads it in a task, so the features
-        go straight into the object store), then call `prepare(dataset) -> (split, ctx)` for
-        the client split and the run context, and start the server. The started backend has
-        `.dataset` (features may be left out of it), `.split` and `.ctx`.
+        go straight into the object store), then call `prepare(dataset) -> RunPlan` once
+        (raysim.assembly.plan: `.split`, the client split, and `.ctx`, the run context) and
+        start the server. The started backend has `.dataset` (features may be left out of
+        it), `.split` and `.ctx`.
 
 and, started:
 
@@ -41,8 +42,8 @@ from typing import Any, Protocol
 
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 
-# prepare(dataset) -> (client split, run context), supplied by the round loop.
-Prepare = Callable[[Any], tuple[Any, Any]]
+# prepare(dataset) -> the run's RunPlan (raysim.assembly.plan), supplied by the assembly.
+Prepare = Callable[[Any], Any]
 
 
 class Backend(Protocol):

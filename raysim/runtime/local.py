@@ -30,8 +30,8 @@ class LocalBackend:
                 f"{address!r} (use runtime.backend: ray)"
             )
         dataset = load_dataset(config)
-        split, ctx = prepare(dataset)
-        return cls(ctx, dataset, split)
+        plan = prepare(dataset)  # the RunPlan (raysim.assembly.plan), taken whole
+        return cls(plan.ctx, dataset, plan.split)
 
     def __init__(self, ctx: RunContext, dataset: Dataset, split: ClientSplit) -> None:
         ctx = client_state.attach(ctx, "local")  # a store only if the algorithm uses one

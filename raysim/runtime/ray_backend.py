@@ -61,8 +61,8 @@ class RayBackend(ClientPlacement):
         try:
             check_resources_fit(config)
             dataset, train_x_ref = load_dataset_in_cluster(config)
-            split, ctx = prepare(dataset)
-            backend = cls(ctx, dataset, split, train_x_ref)
+            plan = prepare(dataset)  # the RunPlan (raysim.assembly.plan), taken whole
+            backend = cls(plan.ctx, dataset, plan.split, train_x_ref)
         except BaseException:
             if started_ray:
                 disconnect()
