@@ -188,8 +188,8 @@ def test_an_offline_client_is_never_trained(tmp_path):
         "run.rounds=5",
     )
     result = _run(config, tmp_path / "out")
-    ctx = plan_run(config, load_dataset(config)).ctx
-    trained = np.concatenate([ctx.sim_schedule.info(r).client_ids for r in range(5)])
+    schedule = plan_run(config, load_dataset(config)).schedule  # the server's event schedule
+    trained = np.concatenate([schedule.info(r).client_ids for r in range(5)])
     assert len(trained) == result.summary["clients_done"]  # the run trained these
     # trace client 1 is clients 1, 4, 7, ... (client i takes row i mod 3)
     assert not np.isin(trained, np.arange(1, 20, 3)).any()

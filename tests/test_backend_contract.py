@@ -81,8 +81,8 @@ def test_a_started_backend_without_its_split_is_refused_in_one_line(digits_confi
     shut_down = []
 
     class NoSplit(LocalBackend):
-        def __init__(self, ctx, dataset, split):
-            super().__init__(ctx, dataset, split)
+        def __init__(self, *args):
+            super().__init__(*args)
             del self.split
 
         def shutdown(self):

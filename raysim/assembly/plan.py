@@ -9,6 +9,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,10 @@ class RunPlan:
     partition: PartitionResult  # the partitioner's whole answer (training + validation rows)
     split: ClientSplit  # each client's training rows
     ctx: RunContext  # the config, the data's shapes and the per-client validation rows
+    # devices.aggregation fedbuff | fedasync: the whole event schedule, computed before
+    # anything trains (raysim.core.schedule.async_events.AsyncSchedule); it rides in the
+    # server's data (raysim.core.server.ServerData), not in the context every worker gets
+    schedule: Any = None
 
 
 def plan_run(config: Config, dataset: Dataset) -> RunPlan:
@@ -42,16 +47,15 @@ def plan_run(config: Config, dataset: Dataset) -> RunPlan:
     split = partition.train
     check_local_steps(config, split)
     ctx = run_context(config, dataset, partition)
+    schedule = None
     if config.devices.asynchronous:  # the whole schedule, before anything starts
         from raysim.core.async_aggregation import check_async
         from raysim.core.schedule.async_events import AsyncSchedule
 
         algorithm = registry.algorithms.build(config.algorithm.name, **config.algorithm.options)
         check_async(algorithm, config)
-        ctx = dataclasses.replace(
-            ctx, sim_schedule=AsyncSchedule(config, np.diff(split.offsets), ctx)
-        )
-    return RunPlan(partition, split, ctx)
+        schedule = AsyncSchedule(config, np.diff(split.offsets), ctx)
+    return RunPlan(partition, split, ctx, schedule)
 
 
 def check_local_steps(config: Config, split: ClientSplit) -> None:

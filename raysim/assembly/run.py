@@ -181,7 +181,7 @@ def run(
         # Which clients train in each round: the devices' clock when the run has one, else the
         # seed's sample. The loop and the replays after a lost server follow this one schedule.
         schedule = round_schedule.build(
-            config, np.diff(split.offsets), backend.ctx, history, first_round
+            config, np.diff(split.offsets), backend.ctx, history, first_round, plan.schedule
         )
         server = ServerKeeper(backend, outputs.checkpoint_dir, restored, schedule.info)
         try:

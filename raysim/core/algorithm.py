@@ -48,9 +48,6 @@ class RunContext:
     # How the backend builds a nearest-class index (raysim.index.build_index's signature):
     # the Ray backend's puts several shards in actors. None: every shard in-process.
     index_builder: Any = field(default=None, compare=False)
-    # The asynchronous schedule (raysim.core.schedule.async_events.AsyncSchedule) when
-    # devices.aggregation is fedbuff or fedasync; None otherwise.
-    sim_schedule: Any = field(default=None, compare=False)
 
     def __reduce__(self):
         return _restore_context, (tuple(getattr(self, f.name) for f in fields(self)),)

@@ -100,10 +100,11 @@ def check_async(algorithm: Any, config: Any) -> None:
 class AsyncAggregation:
     """The configured algorithm run asynchronously (see the module docstring): its state plus
     the version window, each client's payload from its version, each update weighed by its
-    staleness (and FedAsync's mix). Built by raysim.core.server.build_algorithm when the run
-    context holds a schedule; everything else is the wrapped algorithm's."""
+    staleness (and FedAsync's mix). Built by raysim.core.server.build_algorithm: the server's
+    with the run's event schedule; the clients' without one (`schedule` None), since a client
+    only trains on the payload of its version. Everything else is the wrapped algorithm's."""
 
-    def __init__(self, inner: Any, schedule: AsyncSchedule, config: Any) -> None:
+    def __init__(self, inner: Any, schedule: AsyncSchedule | None, config: Any) -> None:
         check_async(inner, config)
         self.inner, self.schedule = inner, schedule
         self.name = config.algorithm.name
@@ -116,6 +117,14 @@ class AsyncAggregation:
         for name, value in vars(hooks).items():  # (the record's fields, not the algorithm)
             if name in FORWARDED and value is not None:
                 setattr(self, name, value)
+
+    def _events(self) -> AsyncSchedule:
+        if self.schedule is None:
+            raise RuntimeError(
+                "a client-side AsyncAggregation has no event schedule: only the server's "
+                "(built from its ServerData) weighs updates and keeps versions"
+            )
+        return self.schedule
 
     # --- state and the version window ----------------------------------------------------------
     @staticmethod
@@ -158,7 +167,7 @@ class AsyncAggregation:
         result, diagnostics = returned
         arrays = dict(result.arrays)
         stored = self._stored_versions(state)
-        for version in self.schedule.window(result.round):
+        for version in self._events().window(result.round):
             source = current.arrays if version == state.round else stored.get(version)
             if source is None:
                 source = self.version_arrays(state, version)
@@ -173,7 +182,7 @@ class AsyncAggregation:
     def client_payload(self, state: ServerState, client_ids: np.ndarray, client_classes):
         payloads, by_version = [], {}
         for client_id in np.asarray(client_ids).tolist():
-            version = self.schedule.version_of(state.round, client_id)
+            version = self._events().version_of(state.round, client_id)
             if version not in by_version:
                 arrays = self.version_arrays(state, version)
                 by_version[version] = self.inner.server_payload(ServerState(version, arrays))
@@ -187,7 +196,7 @@ class AsyncAggregation:
     def weigh_update(self, state: ServerState, round_index: int, client_id: int, vector):
         """The update the server folds: s(tau) x the update (FedBuff); alpha s(tau) x (the
         update + x_tau - x_{t-1}), its model's move from the current one (FedAsync)."""
-        schedule = self.schedule
+        schedule = self._events()
         weight = schedule.weight(round_index, client_id)
         if np.issubdtype(np.asarray(vector).dtype, np.integer) and schedule.fedasync:
             raise RaysimError(

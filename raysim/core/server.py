@@ -39,15 +39,18 @@ from raysim.core.validation import (
 from raysim.errors import ConfigError
 
 
-def build_algorithm(ctx: RunContext):
+def build_algorithm(ctx: RunContext, schedule: Any = None):
+    """The configured algorithm; asynchronously (fedbuff | fedasync) wrapped to run on the
+    event `schedule` (the server's; clients get the wrapper without it: they only train on the
+    payload of their version)."""
     config = ctx.config.algorithm
     algorithm = registry.algorithms.build(config.name, **config.options)
     check_algorithm(algorithm, config.name)
     check_labels(algorithm, config.name, ctx)
-    if ctx.config.devices.asynchronous and ctx.sim_schedule is not None:  # fedbuff | fedasync
+    if ctx.config.devices.asynchronous:
         from raysim.core.async_aggregation import AsyncAggregation
 
-        algorithm = AsyncAggregation(algorithm, ctx.sim_schedule, ctx.config)
+        algorithm = AsyncAggregation(algorithm, schedule, ctx.config)
     return algorithm
 
 
@@ -95,9 +98,12 @@ class ServerData:
     val_y: np.ndarray | None = None
     client_classes: np.ndarray | None = None
     client_sizes: np.ndarray | None = None
+    # an asynchronous run's event schedule (raysim.assembly.plan.RunPlan.schedule): only the
+    # server weighs updates and keeps the version window by it
+    schedule: Any = None
 
     @classmethod
-    def of(cls, dataset: Any, split: Any) -> ServerData:
+    def of(cls, dataset: Any, split: Any, schedule: Any = None) -> ServerData:
         """The server's part of `dataset` (raysim.data.datasets.Dataset) split as `split`."""
         return cls(
             dataset.test_x,
@@ -106,6 +112,7 @@ class ServerData:
             dataset.val_y,
             single_class_of_clients(dataset.train_y, split.indices, split.offsets),
             np.diff(split.offsets),
+            schedule,
         )
 
 
@@ -114,7 +121,7 @@ class Server:
         self.ctx = ctx
         self.data = data
         self.client_sizes = data.client_sizes
-        self.algorithm = build_algorithm(ctx)
+        self.algorithm = build_algorithm(ctx, data.schedule)
         self.hooks = AlgorithmHooks.of(self.algorithm)
         self.reduces_in_task = self.hooks.reduces_in_task
         if self.reduces_in_task:

@@ -31,14 +31,16 @@ class LocalBackend:
             )
         dataset = load_dataset(config)
         plan = prepare(dataset)  # the RunPlan (raysim.assembly.plan), taken whole
-        return cls(plan.ctx, dataset, plan.split)
+        return cls(plan.ctx, dataset, plan.split, plan.schedule)
 
-    def __init__(self, ctx: RunContext, dataset: Dataset, split: ClientSplit) -> None:
+    def __init__(
+        self, ctx: RunContext, dataset: Dataset, split: ClientSplit, schedule=None
+    ) -> None:
         ctx = client_state.attach(ctx, "local")  # a store only if the algorithm uses one
         self.ctx = ctx
         self.dataset = dataset
         self.split = split
-        self.server = Server(ctx, ServerData.of(dataset, split))
+        self.server = Server(ctx, ServerData.of(dataset, split, schedule))
         self.algorithm = build_algorithm(ctx)
 
     def run_round(

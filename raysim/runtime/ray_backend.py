@@ -62,7 +62,7 @@ class RayBackend(ClientPlacement):
             check_resources_fit(config)
             dataset, train_x_ref = load_dataset_in_cluster(config)
             plan = prepare(dataset)  # the RunPlan (raysim.assembly.plan), taken whole
-            backend = cls(plan.ctx, dataset, plan.split, train_x_ref)
+            backend = cls(plan.ctx, dataset, plan.split, train_x_ref, plan.schedule)
         except BaseException:
             if started_ray:
                 disconnect()
@@ -71,7 +71,12 @@ class RayBackend(ClientPlacement):
         return backend
 
     def __init__(
-        self, ctx: RunContext, dataset: Dataset, split: ClientSplit, train_x_ref: ray.ObjectRef
+        self,
+        ctx: RunContext,
+        dataset: Dataset,
+        split: ClientSplit,
+        train_x_ref: ray.ObjectRef,
+        schedule=None,
     ) -> None:
         """Ray must be connected (see `connect`); `train_x_ref` holds the training features."""
         ctx = client_state.attach(ctx, "ray")  # a store actor only if the algorithm uses one
@@ -83,7 +88,7 @@ class RayBackend(ClientPlacement):
         self.started_ray = False
         run_ref = put_run_bundle(ctx, build_algorithm(ctx), train_x_ref, dataset, split)
         # The server's data in the object store once (a restarted actor reads it again).
-        server_args = (ctx, [run_ref], ray.put(ServerData.of(dataset, split)))
+        server_args = (ctx, [run_ref], ray.put(ServerData.of(dataset, split, schedule)))
         # (server.num_gpus as granted: granted_gpus)
         self.server = ServerHandle(server_args, ctx.config.server.num_gpus)
         self.restarts = 0

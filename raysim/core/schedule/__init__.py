@@ -56,21 +56,20 @@ def build(
     ctx: Any,
     history: list[dict[str, Any]] | None = None,
     first: int = 0,
+    planned: Any = None,
 ) -> RoundSchedule:
     """The run's schedule for clients of `sizes` samples: the seed's sample without
     `devices:`, else the simulated clock, its tally continued over the rounds before a resume
     (the clock recomputes them: their clients follow from the seed). An asynchronous run's
-    event simulation is the one its plan computed (`ctx.sim_schedule`, which the server's
-    algorithm wrapper weighs updates by), else computed here."""
+    event simulation is the one its plan computed (`planned`: RunPlan.schedule, which the
+    server's algorithm wrapper weighs updates by), else computed here."""
     num_clients = len(sizes)
     if not config.devices.enabled:
         return RoundSchedule(functools.partial(round_info, config, num_clients))
     if config.devices.asynchronous:  # FedBuff / FedAsync
         from raysim.core.schedule.async_events import AsyncSchedule, AsyncTally
 
-        clock = ctx.sim_schedule  # computed when the run was planned
-        if clock is None:  # a backend plug-in whose context lost the field
-            clock = AsyncSchedule(config, sizes, ctx)
+        clock = planned if planned is not None else AsyncSchedule(config, sizes, ctx)
         tally = AsyncTally(config.devices, num_clients)
     else:
         clock, tally = SimClock(config, sizes, ctx), SimTally(config.devices, num_clients)
