@@ -16,9 +16,10 @@ aggregates: FLAG's label weights w_flag (alpha 0.270), FedAvg's sample weights w
 1/K, their total-variation distances TV(a, b) = 0.5 * sum_c |a_c - b_c|, and how far the two
 weightings move the round's update: ||sum_c (w_flag,c - w_n,c) u_c|| / ||sum_c w_n,c u_c||.
 
-Prints the table (mean ± std over seeds, ddof 1) and writes OUT/diagnosis.json and
-OUT/diagnosis.md. `--small` runs 2 rounds of one seed and checks that the recording aggregator
-changes nothing (final metrics equal to a run with `aggregator: auto`).
+Prints the table (mean ± std over seeds, ddof 1) and writes OUT/diagnosis.json,
+OUT/diagnosis.md and OUT/diagnosis.png (the curves, the seeds' spread shaded). `--small` runs
+2 rounds of one seed and checks that the recording aggregator changes nothing (final metrics
+equal to a run with `aggregator: auto`).
 """
 
 from __future__ import annotations
@@ -169,6 +170,52 @@ def table(results: dict, seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
+def gmap_curve(out: Path, method: str, split: str, seed: int) -> dict[int, float]:
+    """Test GmAP by round, from the run's records (the runs evaluate every round)."""
+    path = out / "runs" / f"{method}_{split}_seed{seed}" / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["round"]: r["eval"]["gmap"] for r in records if "eval" in r}
+
+
+def plot(out: Path, results: dict, seeds: list[int]) -> Path:
+    """OUT/diagnosis.png: test GmAP against the round (left) and how far FLAG's weights are
+    from the sample weights, and how far they move the update (right), each the mean over
+    the seeds with the min-max spread shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    def shaded(axis, rounds, values, colour, style, label):
+        values = np.asarray(values, dtype=np.float64)  # [seeds, rounds]
+        axis.plot(rounds, values.mean(axis=0), color=colour, linestyle=style, label=label)
+        axis.fill_between(rounds, values.min(axis=0), values.max(axis=0), color=colour,
+                          alpha=0.2, lw=0)  # fmt: skip
+
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(11, 4))
+    for index, split in enumerate(SPLITS):
+        for method, style in zip(METHODS, ("-", "--"), strict=True):
+            curves = [gmap_curve(out, method, split, seed) for seed in seeds]
+            rounds = sorted(curves[0])
+            shaded(left, rounds, [[c[r] for r in rounds] for c in curves], f"C{index}", style,
+                   f"{method}, {split} split")  # fmt: skip
+        flag_rounds = [results[split]["flag"][seed]["rounds"] for seed in seeds]
+        steps = np.arange(1, len(flag_rounds[0]) + 1)
+        for key, style, what in (("tv_flag_samples", "-", "TV(w_flag, w_n)"),
+                                 ("update_rel_diff", ":", "update moved")):  # fmt: skip
+            shaded(right, steps, [[r[key] for r in runs] for runs in flag_rounds], f"C{index}",
+                   style, f"{what}, {split} split")  # fmt: skip
+    left.set(xlabel="round", ylabel="test GmAP", title="GmAP (mean over seeds, min-max shaded)")
+    right.set(xlabel="round", ylabel="distance", title="FLAG's weights against FedAvg's")
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    figure.tight_layout()
+    path = out / "diagnosis.png"
+    figure.savefig(path, dpi=90)
+    pyplot.close(figure)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -237,7 +284,8 @@ def main() -> None:
         },
     }
     (out / "diagnosis.json").write_text(json.dumps(payload, indent=1, default=float) + "\n")
-    print(f"\nwrote {out / 'diagnosis.md'} and diagnosis.json in {wall:.0f} s")
+    figure = plot(out, results, args.seeds)
+    print(f"\nwrote {out / 'diagnosis.md'}, diagnosis.json and {figure.name} in {wall:.0f} s")
 
 
 if __name__ == "__main__":
