@@ -160,3 +160,31 @@ def test_a_run_evaluates_exactly_the_rounds_eval_at_names(tmp_path):
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["round"] for r in records if "eval" in r] == [3, 4, 5, 7]
+
+
+@pytest.mark.parametrize("partitioner", ["kmodes", "random", "iid", "dirichlet"])
+def test_the_one_call_placement_of_the_validation_rows_is_the_second_calls(partitioner):
+    """The built-in multi-label partitioners place the validation split's rows in the same
+    call as the test rows (PartitionResult.validation_of_val); a partitioner that does not is
+    called a second time with the validation rows as its test set. Both give the same clients
+    for every row, so the shortcut cannot change a result."""
+    cfg = config.from_dict(
+        {
+            "data": {"name": "synthetic_multilabel", "validation_fraction": 0.2,
+                     "num_samples": 600, "num_test": 100},
+            "partition": {"name": partitioner, "num_clients": 6},
+            "clients": {"per_round": 6},
+            "algorithm": {"name": "flag"},
+            "model": {"name": "mlp", "hidden": [8]},
+        }
+    )  # fmt: skip
+    dataset = load_dataset(cfg)
+    once = split_dataset(dataset, partitioner, 6, 1234)
+    as_test = dataclasses.replace(dataset, test_x=dataset.val_x, test_y=dataset.val_y)
+    second = split_dataset(as_test, partitioner, 6, 1234).validation
+    assert once.validation_of_val is not None
+    assert np.array_equal(once.validation_of_val.indices, second.indices)
+    assert np.array_equal(once.validation_of_val.offsets, second.offsets)
+    # and the run context carries that placement
+    ctx = plan_run(cfg, dataset).ctx
+    assert ctx.client_validation_of_val.num_clients == 6

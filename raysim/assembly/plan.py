@@ -86,7 +86,10 @@ def run_context(config: Config, dataset: Dataset, partition: PartitionResult) ->
     if partition.validation is None:
         return ctx
     ctx = dataclasses.replace(ctx, client_validation=partition.validation)
-    if dataset.val_x is not None:  # the validation rows placed on clients the same way
+    if partition.validation_of_val is not None:  # placed in the partitioner's one call
+        return dataclasses.replace(ctx, client_validation_of_val=partition.validation_of_val)
+    if dataset.val_x is not None:  # a partitioner that places the test rows only: the
+        # validation rows placed on clients the same way, by a second call
         as_test = dataclasses.replace(dataset, test_x=dataset.val_x, test_y=dataset.val_y)
         part = config.partition
         placed = split_dataset(

@@ -24,6 +24,7 @@ them to TensorBoard.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ class MultiLabelSplit:
     train: ClientSplit
     validation: ClientSplit
     modes: np.ndarray | None = None  # k-modes only: (num_clients, L) uint8 cluster modes
+    # the dataset's own validation rows (`val_labels`), placed exactly as the test rows are
+    validation_of_val: ClientSplit | None = None
 
 
 def _check_multi_hot(labels: Any, what: str) -> np.ndarray:
@@ -120,15 +123,22 @@ def kmodes_split(
     num_clients: int,
     seed: int,
     init: str = "Huang",
+    val_labels: np.ndarray | None = None,
 ) -> MultiLabelSplit:
-    """CMDA: client c = k-modes cluster c; validation points go to the nearest training mode."""
+    """CMDA: client c = k-modes cluster c; validation points (the test rows, and `val_labels`'
+    rows when given) go to the nearest training mode."""
     modes = kmodes_modes(train_labels, num_clients, seed, init)
     train_clients = assign_to_modes(_check_multi_hot(train_labels, "labels"), modes)
     test_clients = assign_to_modes(_check_multi_hot(test_labels, "test labels"), modes)
+    val = None
+    if val_labels is not None:
+        val_clients = assign_to_modes(_check_multi_hot(val_labels, "validation labels"), modes)
+        val = _from_assignment(val_clients, num_clients)
     return MultiLabelSplit(
         _from_assignment(train_clients, num_clients),
         _from_assignment(test_clients, num_clients),
         modes,
+        val,
     )
 
 
@@ -138,15 +148,36 @@ def _even_random(count: int, num_clients: int, rng: np.random.Generator) -> np.n
     return client_of
 
 
+def _held_out(rng: np.random.Generator, place, rows: Sequence[Any]) -> list:
+    """`place(rows_i, rng)` for each held-out set, each from the generator's state after the
+    training rows: the test rows and the validation rows are placed by the same draws, as
+    if each had been the only held-out set (a call per set would give the same)."""
+    after_train = rng.bit_generator.state
+    placed = []
+    for held in rows:
+        rng.bit_generator.state = after_train
+        placed.append(place(held, rng))
+    return placed
+
+
 def random_split(
-    train_labels: np.ndarray, test_labels: np.ndarray, num_clients: int, seed: int
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    val_labels: np.ndarray | None = None,
 ) -> MultiLabelSplit:
-    """Uniformly random clients of near-equal size, for training and validation alike."""
+    """Uniformly random clients of near-equal size, for training and validation alike (the
+    test rows, and `val_labels`' rows when given)."""
     rng = np.random.default_rng(seed)
     train = _even_random(len(train_labels), num_clients, rng)
-    test = _even_random(len(test_labels), num_clients, rng)
+    held = [test_labels] + ([] if val_labels is None else [val_labels])
+    placed = _held_out(rng, lambda rows, r: _even_random(len(rows), num_clients, r), held)
+    splits = [_from_assignment(client_of, num_clients) for client_of in placed]
     return MultiLabelSplit(
-        _from_assignment(train, num_clients), _from_assignment(test, num_clients)
+        _from_assignment(train, num_clients),
+        splits[0],
+        validation_of_val=splits[1] if len(splits) > 1 else None,
     )
 
 
@@ -165,8 +196,10 @@ def dirichlet_split(
     num_clients: int,
     seed: int,
     alpha: float = 0.5,
+    val_labels: np.ndarray | None = None,
 ) -> MultiLabelSplit:
-    """Dirichlet(alpha) label skew over each sample's primary (rarest) label."""
+    """Dirichlet(alpha) label skew over each sample's primary (rarest) label (the test rows,
+    and `val_labels`' rows when given, by the same proportions)."""
     if not alpha > 0:
         raise ConfigError(f"'partition.alpha' must be > 0, got {alpha!r}")
     train_labels = _check_multi_hot(train_labels, "labels")
@@ -181,17 +214,24 @@ def dirichlet_split(
     proportions = {
         label: rng.dirichlet(concentration) for label in range(-1, train_labels.shape[1])
     }
-    for primary in (train_primary, test_primary):
+
+    def place(primary: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         client_of = np.empty(len(primary), dtype=np.int64)
         for label, share in proportions.items():
             members = rng.permutation(np.flatnonzero(primary == label))
             cuts = np.floor(np.cumsum(share) * len(members)).astype(np.int64)
             cuts[-1] = len(members)
             client_of[members] = np.repeat(clients, np.diff(cuts, prepend=0))
-        assignments.append(client_of)
+        return client_of
+
+    assignments.append(place(train_primary, rng))
+    held = [test_primary]
+    if val_labels is not None:
+        held.append(primary_labels(_check_multi_hot(val_labels, "validation labels"), frequency))
+    assignments += _held_out(rng, place, held)
+    splits = [_from_assignment(client_of, num_clients) for client_of in assignments]
     return MultiLabelSplit(
-        _from_assignment(assignments[0], num_clients),
-        _from_assignment(assignments[1], num_clients),
+        splits[0], splits[1], validation_of_val=splits[2] if len(splits) > 2 else None
     )
 
 

@@ -20,7 +20,10 @@ any `package.module:attr` a config names)::
   are wrong whatever the data (e.g. `alpha > 0`); it runs when the config is read too.
 - It returns a `ClientSplit` over the training rows (exactly `num_clients` clients), or a
   `PartitionResult` whose `validation` places rows of the test set on the same clients (the
-  multi-label splits do: FLAG measures each client on its own validation rows).
+  multi-label splits do: FLAG measures each client on its own validation rows), and whose
+  `validation_of_val` places the rows of the dataset's validation split (`val_y`, when it has
+  one) the same way; without it the run calls the partitioner again with those rows as its
+  test set, so a plug-in need not give it.
 - A mistake of the user (an option out of range, a label shape the partitioner cannot split)
   is a one-line `ConfigError` naming the `partition.*` key.
 
@@ -325,7 +328,7 @@ def _multi_hot(dataset: Dataset) -> bool:
 
 
 def _multilabel_result(split: cmda.MultiLabelSplit) -> PartitionResult:
-    return PartitionResult(split.train, split.validation)
+    return PartitionResult(split.train, split.validation, split.validation_of_val)
 
 
 def _single_label_only(name: str, dataset: Dataset) -> None:
@@ -340,7 +343,9 @@ def iid(dataset: Dataset, num_clients: int, seed: int) -> ClientSplit | Partitio
     """Uniformly random near-equal clients (the baseline); on multi-hot labels the test set is
     split over the clients the same way (CMDA's random split)."""
     if _multi_hot(dataset):
-        split = cmda.random_split(dataset.train_y, dataset.test_y, num_clients, seed)
+        split = cmda.random_split(
+            dataset.train_y, dataset.test_y, num_clients, seed, val_labels=dataset.val_y
+        )
         return _multilabel_result(split)
     return iid_split(dataset.train_y, num_clients, seed)
 
@@ -357,7 +362,9 @@ def dirichlet(
                 f"partition 'dirichlet' on multi-hot labels (dataset '{dataset.name}') does not "
                 f"take 'partition.min_size'"
             )
-        split = cmda.dirichlet_split(dataset.train_y, dataset.test_y, num_clients, seed, alpha)
+        split = cmda.dirichlet_split(
+            dataset.train_y, dataset.test_y, num_clients, seed, alpha, val_labels=dataset.val_y
+        )
         return _multilabel_result(split)
     return dirichlet_split(dataset.train_y, num_clients, seed, alpha=alpha, min_size=min_size)
 
@@ -409,7 +416,9 @@ def kmodes(dataset: Dataset, num_clients: int, seed: int) -> PartitionResult:
             f"partition 'kmodes' clusters multi-hot label vectors; dataset '{dataset.name}' "
             f"is single-label"
         )
-    split = cmda.kmodes_split(dataset.train_y, dataset.test_y, num_clients, seed)
+    split = cmda.kmodes_split(
+        dataset.train_y, dataset.test_y, num_clients, seed, val_labels=dataset.val_y
+    )
     return _multilabel_result(split)
 
 
@@ -417,7 +426,9 @@ def random(dataset: Dataset, num_clients: int, seed: int) -> ClientSplit | Parti
     """Uniformly random near-equal clients for any label shape (raysim.data.cmda.random_split);
     on multi-hot labels the test set is split too."""
     if _multi_hot(dataset):
-        split = cmda.random_split(dataset.train_y, dataset.test_y, num_clients, seed)
+        split = cmda.random_split(
+            dataset.train_y, dataset.test_y, num_clients, seed, val_labels=dataset.val_y
+        )
         return _multilabel_result(split)
     return cmda.random_split(dataset.train_y, dataset.train_y[:1], num_clients, seed).train
 
@@ -448,9 +459,11 @@ def split_dataset(
             f"partitioner '{name}' returned a {type(produced).__name__}; a partitioner returns "
             f"a ClientSplit or a PartitionResult"
         )
+    val_rows = 0 if dataset.val_y is None else len(dataset.val_y)
     for what, split, rows in (
         ("training", produced.train, len(dataset.train_y)),
         ("validation", produced.validation, len(dataset.test_y)),
+        ("validation-split", produced.validation_of_val, val_rows),
     ):
         if split is None:
             continue

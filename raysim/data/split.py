@@ -58,6 +58,10 @@ class PartitionResult:
 
     train: ClientSplit  # rows of dataset.train_*
     validation: ClientSplit | None = None  # rows of dataset.test_*, same number of clients
+    # rows of dataset.val_* (the validation split), placed as the test rows are: the built-in
+    # multi-label partitioners give it in the same call; without it the run places them by
+    # a second call with the validation rows as the test set (raysim.assembly.plan)
+    validation_of_val: ClientSplit | None = None
 
 
 def from_assignment(client_of: np.ndarray, num_clients: int) -> ClientSplit:
