@@ -73,8 +73,10 @@ def test_two_node_cluster_runs_clients_on_both_nodes(tmp_path, monkeypatch):
             # tasks every round (automatic packing may train small rounds in the server actor),
             # long enough to overlap: 3 tasks of 2 clients a round for the 2 nodes' single CPUs,
             # so the head cannot take them all at once and Ray must spread them (with 2 tasks a
-            # round, 5 clients and 1, the short one could wait for the head's CPU: seen once)
-            extra=[*POINTS, "--set", "clients.per_task=2", "--set", "clients.local_epochs=200"],
+            # round, 5 clients and 1, the short one could wait for the head's CPU: seen once;
+            # with 200 epochs, on a loaded machine, the head finished each task before Ray
+            # spilled the next to the other node: seen once, so 400)
+            extra=[*POINTS, "--set", "clients.per_task=2", "--set", "clients.local_epochs=400"],
             cwd=plugins,
             address=None,
         )
