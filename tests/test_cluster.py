@@ -26,6 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.ray
 
 ROUNDS = 2
+# local epochs of every run here (~0.6 s a task): tasks overlap, so Ray spreads them over both
+# nodes (200 let the head finish each task before Ray spilled the next, once, on a loaded
+# machine); the same in every run, whose final metrics are compared bit for bit
+EPOCHS = 400
 
 
 def _cluster_script():
@@ -57,8 +61,14 @@ def test_two_node_cluster_runs_clients_on_both_nodes(tmp_path, monkeypatch):
             "everything.yaml",
             plugins / "runs" / "auto",
             ROUNDS,
-            # 200 epochs (~0.3 s a task): tasks overlap, so Ray spreads them over both nodes
-            extra=[*POINTS, "--set", "clients.num_gpus=0.25", "--set", "clients.local_epochs=200"],
+            # EPOCHS: tasks overlap, so Ray spreads them over both nodes
+            extra=[
+                *POINTS,
+                "--set",
+                "clients.num_gpus=0.25",
+                "--set",
+                f"clients.local_epochs={EPOCHS}",
+            ],
             cwd=plugins,
         )
         metrics = _wait_for_metrics(cluster_script, cluster.metrics_ports)
@@ -73,10 +83,14 @@ def test_two_node_cluster_runs_clients_on_both_nodes(tmp_path, monkeypatch):
             # tasks every round (automatic packing may train small rounds in the server actor),
             # long enough to overlap: 3 tasks of 2 clients a round for the 2 nodes' single CPUs,
             # so the head cannot take them all at once and Ray must spread them (with 2 tasks a
-            # round, 5 clients and 1, the short one could wait for the head's CPU: seen once;
-            # with 200 epochs, on a loaded machine, the head finished each task before Ray
-            # spilled the next to the other node: seen once, so 400)
-            extra=[*POINTS, "--set", "clients.per_task=2", "--set", "clients.local_epochs=400"],
+            # round, 5 clients and 1, the short one could wait for the head's CPU: seen once)
+            extra=[
+                *POINTS,
+                "--set",
+                "clients.per_task=2",
+                "--set",
+                f"clients.local_epochs={EPOCHS}",
+            ],
             cwd=plugins,
             address=None,
         )
@@ -89,7 +103,7 @@ def test_two_node_cluster_runs_clients_on_both_nodes(tmp_path, monkeypatch):
             [sys.executable, "-m", "raysim.cli", "run", "everything.yaml", *POINTS,
              "--out", str(root / "job"),
              "--set", f"run.rounds={ROUNDS}", "--set", "clients.per_task=5",
-             "--set", "clients.local_epochs=200"],
+             "--set", f"clients.local_epochs={EPOCHS}"],
         )  # fmt: skip
         job_summary = json.loads((root / "job" / "summary.json").read_text())
         assert cluster_script.leftover_processes(str(root))  # sanity: the marker finds them
@@ -144,7 +158,7 @@ def test_two_node_cluster_runs_clients_on_both_nodes(tmp_path, monkeypatch):
                 *POINTS[1::2],
                 f"run.rounds={ROUNDS}",
                 "clients.per_task=5",
-                "clients.local_epochs=200",
+                f"clients.local_epochs={EPOCHS}",
             ],
         ),
         tmp_path / "plugins_local",
