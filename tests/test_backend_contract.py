@@ -35,24 +35,29 @@ def _without(member: str) -> type:
     return type(f"LocalWithout_{member}", (), members)
 
 
+def _refusal(name: str, backend_class: type, config_path, tmp_path, error: type) -> str:
+    """The one-line `error` a digits run on `backend_class` (registered as `name`) stops with."""
+    registry.backends.register(name, backend_class)
+    try:
+        with pytest.raises(error) as caught:
+            raysim.run(
+                config_path,
+                out=tmp_path / "out",
+                overrides=[*DIGITS_OVERRIDES, f"runtime.backend={name}"],
+                progress=False,
+                tensorboard=False,
+            )
+    finally:
+        registry.backends.unregister(name)
+    return str(caught.value)
+
+
 @pytest.mark.parametrize("member", [m for m in REQUIRED if m != "start"])
 def test_a_backend_lacking_a_member_the_loop_uses_is_refused_before_it_starts(
     member, digits_config_path, tmp_path
 ):
     backend_class = _without(member)
-    registry.backends.register("lacking_test", backend_class)
-    try:
-        with pytest.raises(ConfigError) as caught:
-            raysim.run(
-                digits_config_path,
-                out=tmp_path / "out",
-                overrides=[*DIGITS_OVERRIDES, "runtime.backend=lacking_test"],
-                progress=False,
-                tensorboard=False,
-            )
-    finally:
-        registry.backends.unregister("lacking_test")
-    message = str(caught.value)
+    message = _refusal("lacking_test", backend_class, digits_config_path, tmp_path, ConfigError)
     assert "\n" not in message
     assert "backend 'lacking_test'" in message and f"lacks {member}" in message
     assert not backend_class.started  # refused before it loaded data or started a server
@@ -88,19 +93,7 @@ def test_a_started_backend_without_its_split_is_refused_in_one_line(digits_confi
         def shutdown(self):
             shut_down.append(True)
 
-    registry.backends.register("no_split_test", NoSplit)
-    try:
-        with pytest.raises(ConfigError) as caught:
-            raysim.run(
-                digits_config_path,
-                out=tmp_path / "out",
-                overrides=[*DIGITS_OVERRIDES, "runtime.backend=no_split_test"],
-                progress=False,
-                tensorboard=False,
-            )
-    finally:
-        registry.backends.unregister("no_split_test")
-    message = str(caught.value)
+    message = _refusal("no_split_test", NoSplit, digits_config_path, tmp_path, ConfigError)
     assert "\n" not in message and "started without split" in message
     assert shut_down == [True]  # what it started is released
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
@@ -120,18 +113,8 @@ def test_a_backend_that_plans_twice_is_refused_in_one_line(digits_config_path, t
 
             return original_start(cls, config, address, twice)
 
-    registry.backends.register("plans_twice_test", PlansTwice)
-    try:
-        with pytest.raises(raysim.RaysimError) as caught:
-            raysim.run(
-                digits_config_path,
-                out=tmp_path / "out",
-                overrides=[*DIGITS_OVERRIDES, "runtime.backend=plans_twice_test"],
-                progress=False,
-                tensorboard=False,
-            )
-    finally:
-        registry.backends.unregister("plans_twice_test")
-    message = str(caught.value)
+    message = _refusal(
+        "plans_twice_test", PlansTwice, digits_config_path, tmp_path, raysim.RaysimError
+    )
     assert "\n" not in message and "called prepare 2 times" in message
     assert not (tmp_path / "out" / "metrics.jsonl").exists()

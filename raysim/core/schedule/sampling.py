@@ -28,16 +28,24 @@ def malicious_below(config: Any, num_clients: int) -> int:
 def round_info(config: Any, num_clients: int, round_index: int) -> RoundInfo:
     """Round `round_index`'s clients (a function of the seed and the round alone) and, when a
     round holds malicious clients, the colluding attacker's pool."""
-    seed, below = config.run.seed, malicious_below(config, num_clients)
+    below = malicious_below(config, num_clients)
     client_ids = sample_clients(
-        seed,
+        config.run.seed,
         round_index,
         num_clients,
         clients_per_round(config),
         below,
         config.attack.redraw_majority,
     )
+    return info_of(config, num_clients, round_index, client_ids)
+
+
+def info_of(config: Any, num_clients: int, round_index: int, client_ids: np.ndarray) -> RoundInfo:
+    """The RoundInfo of a round training `client_ids` (every schedule's): the malicious ids
+    below `malicious_below` and, when the round holds one, the colluding attacker's pool."""
+    below = malicious_below(config, num_clients)
     pool = np.zeros(0, dtype=np.int64)
     if below and np.searchsorted(client_ids, below):
-        pool = attacker_pool(seed, round_index, below, config.attack.pool_size, client_ids)
+        size = config.attack.pool_size
+        pool = attacker_pool(config.run.seed, round_index, below, size, client_ids)
     return RoundInfo(round_index, client_ids, below, pool)

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from raysim.core.schedule.profiles import Profiles, read_trace, sampled_profiles
-from raysim.core.schedule.sampling import clients_per_round
+from raysim.core.schedule.sampling import clients_per_round, info_of
 from raysim.core.state import RoundInfo
 from raysim.errors import RaysimError
-from raysim.seeds import attacker_pool, sim_sampling_rng
+from raysim.seeds import sim_sampling_rng
 
 MAX_ATTEMPTS = 10_000  # draws of one round before a deadline no client meets is refused
 
@@ -141,17 +141,8 @@ class SimClock:
 
     def info(self, round_index: int) -> RoundInfo:
         """Round `round_index`'s RoundInfo: its kept clients (and the attacker's pool)."""
-        config = self.config
         ids = self.round(round_index).kept
-        below = (
-            0
-            if config.attack.name == "none"
-            else int(config.attack.fraction * len(self.num_samples))
-        )
-        pool = np.zeros(0, dtype=np.int64)
-        if below and np.searchsorted(ids, below):
-            pool = attacker_pool(config.run.seed, round_index, below, config.attack.pool_size, ids)
-        return RoundInfo(round_index, ids, below, pool)
+        return info_of(self.config, len(self.num_samples), round_index, ids)
 
     def _plan(self, round_index: int, start: float, attempt: int) -> SimRound:
         devices, k = self.devices, clients_per_round(self.config)
