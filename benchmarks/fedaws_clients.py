@@ -82,7 +82,7 @@ def run_half(system: str, round_index: int, token: int, client_ids, rows) -> tup
         (reduced,) = train_clients(
             ctx,
             worker["algorithm"],
-            Broadcast(worker["theta"], token),
+            Broadcast(worker["theta"]),
             dataset.train_x,
             dataset.train_y,
             split.indices,

@@ -275,3 +275,26 @@ def test_on_a_cpu_bag_clients_train_one_at_a_time_after_one_notice(tmp_path, cap
     ]
     sequential, batched = (r.state.arrays["params"] for r in finals)
     assert sequential.tobytes() == batched.tobytes()
+
+
+def test_a_new_payload_over_theta_stepped_in_place_starts_clients_from_the_new_values():
+    """FedAwS's server steps theta in place, so the next round's payload holds the same array
+    with new values: a client of that round starts from the new dense values (the dense part a
+    task gathers once is kept per payload, not per theta array)."""
+    from raysim.algorithms.fedaws_wire import Broadcast
+    from raysim.models.layout import layout_of
+
+    dataset, split, ctx, algorithm, state = _setup(_config())
+    step = algorithm.client_step(algorithm.server_payload(state), ctx)
+    layout = layout_of(step.model)
+    theta = state.arrays["params"]
+    rows = split.indices[split.offsets[3] : split.offsets[4]]
+    xs = [torch.from_numpy(dataset.train_x[rows])]
+    extra = [np.asarray(state.arrays["class_embeddings"][0], np.float32)]
+    first = fedaws_bag_batched.bag_chunk(step, layout, Broadcast(theta), xs, extra)
+    before = np.asarray(first.starts[0]).copy()
+    theta += 1.0  # the server's in-place step
+    second = fedaws_bag_batched.bag_chunk(step, layout, Broadcast(theta), xs, extra)
+    after = np.asarray(second.starts[0])
+    dense = first.notes[0].dense_size
+    assert np.array_equal(after[:dense], before[:dense] + 1.0)

@@ -217,8 +217,8 @@ def test_broadcast_counts_only_sent_arrays():
     from raysim.core.payload import encoded_nbytes
 
     theta = np.zeros(10, dtype=np.float32)
-    assert encoded_nbytes(Broadcast(theta, 123)) == 40
-    assert encoded_nbytes(Broadcast(theta, 1, np.zeros((3, 2), dtype=np.float32))) == 64
+    assert encoded_nbytes(Broadcast(theta)) == 40
+    assert encoded_nbytes(Broadcast(theta, np.zeros((3, 2), dtype=np.float32))) == 64
 
 
 def test_payload_objects_declare_their_byte_count_and_chunked_reads_by_subclassing():

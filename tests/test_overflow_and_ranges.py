@@ -200,10 +200,11 @@ def test_item2_end_to_end_a_lying_fedaws_client_is_rejected(fedaws_setup):
     ctx, dataset, split, classes, server = fedaws_setup
 
     class Lying(FedAwS):
-        def client_update(self, payload, x, y, client_id, generator, ctx):
-            update = super().client_update(payload, x, y, client_id, generator, ctx)
-            update.vector["class"] = (update.vector["class"] + 1) % 12
-            return update
+        def client_messages(self, payload, trained, ctx):
+            updates = super().client_messages(payload, trained, ctx)
+            for update in updates:
+                update.vector["class"] = (update.vector["class"] + 1) % 12
+            return updates
 
     lying = Lying(k=2, class_lr=0.1, spreadout="none")
     ids = np.array([2])

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 
 import numpy as np
 import torch
@@ -42,15 +41,14 @@ from raysim.algorithms.class_embedding import (
     returned_class_rows,
 )
 from raysim.algorithms.fedaws_fast import InPlaceServerUpdate, evaluate_class_embeddings
-from raysim.algorithms.fedaws_wire import Broadcast, ClassRow, theta_message
+from raysim.algorithms.fedaws_wire import Broadcast, ClassRow
 from raysim.algorithms.spreadout import DISTANCES
 from raysim.config import MAX_LEARNING_RATE
 from raysim.core.algorithm import RunContext
-from raysim.core.batched_training import ClientBatch
-from raysim.core.state import ClientUpdate, ServerState
+from raysim.core.state import ServerState
 from raysim.errors import ConfigError
 from raysim.index.base import server_threads
-from raysim.models.devices import server_device, to_numpy
+from raysim.models.devices import server_device
 from raysim.models.vector import build_model
 
 SPREADOUT_MODES = ("topk", "full", "none")
@@ -126,8 +124,7 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
     evaluate = evaluate_class_embeddings
 
     def client_loss(self, embeddings: torch.Tensor, _targets, row: torch.Tensor) -> torch.Tensor:
-        """The loss of a batch (both client paths): the positive loss against the client's
-        own class row."""
+        """The loss of a batch: the positive loss against the client's own class row."""
         return positive_loss(embeddings, row, self.positive_margin)
 
     # --- server -----------------------------------------------------------------------------------
@@ -142,7 +139,7 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
         return self._initial_state(ctx, model, dim, optimize_classes=False)
 
     def server_payload(self, state: ServerState) -> Broadcast:
-        return Broadcast(state.arrays["params"], uuid.uuid4().int & ((1 << 63) - 1))
+        return Broadcast(state.arrays["params"])
 
     def client_payload(self, state: ServerState, client_ids: np.ndarray, client_classes):
         """Only each client's own class row goes down (DESIGN §4.3), tagged with its class:
@@ -156,64 +153,26 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
         rows = state.arrays["class_embeddings"][client_classes]
         return [ClassRow(int(c), row) for c, row in zip(client_classes, rows, strict=True)]
 
-    # --- client -----------------------------------------------------------------------------------
-    def client_update(
-        self, payload, x: torch.Tensor, y: torch.Tensor, client_id, generator, ctx
-    ) -> ClientUpdate:
-        broadcast, own_row = payload
-        clients = ctx.config.clients
-        device, x, y, model, layout, touched, table, local_x, params = self._client_setup(
-            ctx, broadcast, x, y
-        )
-        row = torch.tensor(np.asarray(own_row, dtype=np.float32), device=device, requires_grad=True)
-        groups = [{"params": params}]
-        if self.train_class_embeddings:
-            groups.append({"params": [row], "lr": self.class_lr or clients.lr})
-        optimizer = torch.optim.SGD(
-            groups, lr=clients.lr, momentum=clients.momentum, weight_decay=clients.weight_decay
-        )
-        mean_loss = self._train_locally(
-            model,
-            layout,
-            x,
-            y,
-            local_x,
-            table,
-            generator,
-            optimizer,
-            ctx,
-            row,
-        )
-        message = theta_message(model, layout, broadcast, touched, table)
-        if self.train_class_embeddings:
-            message["class"] = int(y[0]) if len(y) else -1
-            message["row"] = normalize_rows(to_numpy(row)[None, :])[0]
-        return ClientUpdate(
-            client_id=client_id,
-            num_samples=len(y),
-            vector=message,
-            metrics={"loss": mean_loss},
-        )
+    # --- client (described once in raysim.algorithms.class_embedding) ----------------------------
+    def client_extras(self, payload: Broadcast, personal, count: int) -> list[np.ndarray]:
+        """What each client trains beside theta: its own class row (its personal payload)."""
+        return [np.asarray(sent, dtype=np.float32) for sent in personal]
 
-    # --- batched clients (clients.batched; raysim.core.batched_training) --------------------------
-    def batched_client_updates(self, payload, batch: ClientBatch, ctx: RunContext) -> list:
-        """`client_update` for a chunk of one-class clients at once: theta and each client's
-        own class row trained together (the row at class_lr; held fixed, at rate 0, when
-        class embeddings are not trained), each client's loss the positive loss against its
-        own row."""
-        rows = [np.asarray(sent, dtype=np.float32) for sent in batch.personal]
-        rate = self.class_lr or ctx.config.clients.lr
-        theta, dense, trained_rows, losses, bags = self._train_batched(
-            payload, batch, ctx, rows, rate if self.train_class_embeddings else 0.0
-        )
-        updates = []
-        for i, client_id in enumerate(batch.client_ids):
-            message = {"dense": dense[i] - theta, **bags[i]}
-            if self.train_class_embeddings:
-                message["class"] = int(batch.ys[i][0]) if len(batch.ys[i]) else -1
-                message["row"] = normalize_rows(trained_rows[i, None])[0]
-            updates.append(self._batched_update(client_id, batch.ys[i], message, losses[i]))
-        return updates
+    def extra_lr(self, ctx: RunContext) -> float:
+        """The row's rate: class_lr (default clients.lr); 0 (held fixed) when class
+        embeddings are not trained."""
+        if not self.train_class_embeddings:
+            return 0.0
+        return self.class_lr or ctx.config.clients.lr
+
+    def extra_message(self, payload: Broadcast, trained_row: np.ndarray, y: torch.Tensor) -> dict:
+        """The client's class and its new row, as a unit vector (none when W is frozen)."""
+        if not self.train_class_embeddings:
+            return {}
+        return {
+            "class": int(y[0]) if len(y) else -1,
+            "row": normalize_rows(trained_row[None, :])[0],
+        }
 
     # --- server update ----------------------------------------------------------------------------
     def server_update(self, state: ServerState, aggregate: dict, ctx: RunContext):

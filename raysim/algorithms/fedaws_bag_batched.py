@@ -1,21 +1,23 @@
-"""Batched FedAwS / Softmax-oracle clients on the embedding-bag model (`xml_embedding_bag`).
+"""FedAwS / Softmax-oracle clients on the embedding-bag model (`xml_embedding_bag`): the
+chunk of the client description that both drivers train (raysim.core.client_step).
 
-Sequentially (raysim.algorithms.class_embedding) a client trains the dense layers, a small
-local table of the bag rows its samples touch (`XMLEmbeddingBag.touched_feature_rows`; its
-ids re-indexed into the table by `remap`; the network run by `forward_rows`) and its own
-values beside theta (FedAwS: its class row; the oracle: its copy of W). Its message carries
-the dense delta, the touched rows' ids and deltas (`theta_message`) and those values.
+A client trains the dense layers, a small table of the bag rows its samples touch
+(`XMLEmbeddingBag.touched_feature_rows`; its ids re-indexed into the table by `remap`; the
+network run by `forward_rows`) and its own values beside theta (FedAwS: its class row; the
+oracle: its copy of W): the full table is never copied or reset. Its message carries the dense
+delta, the touched rows' ids and deltas, and those values (raysim.algorithms.fedaws_wire).
 
-Here a chunk of such clients trains in one vmapped step per local step
-(raysim.core.batched_training.train_batched), each client's table one more trainable tensor
-beside the dense ones (`_RowsNetwork`): every table is padded to the chunk's widest, `width`
-rows (the client's own rows first, in `touched` order, then zero rows), and each client's
-feature ids are re-indexed into its own table with the padding id `width`, as `forward_rows`
-expects for a table of `width` rows. The network is the model's own `forward_rows`, so a
-sample's bag is `F.embedding_bag(mode="mean")` over its real ids, exactly as sequentially.
+`bag_chunk` specialises the method's step to a chunk of such clients (one client for the
+sequential driver): the step's network is `_RowsNetwork`, the model's own `forward_rows` with
+the client's table one more trained tensor beside the dense ones; every table is `width` rows
+(the chunk's widest: the client's own rows first, in `touched` order, then zero rows), and each
+client's feature ids are re-indexed into its own table with the padding id `width`, as
+`forward_rows` expects for a table of `width` rows. One client alone gets a table of exactly
+its rows (the sequential client). A sample's bag is `F.embedding_bag(mode="mean")` over its
+real ids, in every chunk.
 
-The padded width enters no client's arithmetic, so a client's result does not depend on the
-chunk (tests/test_batched_bag.py compares chunks of 1, 2 and 3 with ==): vmap runs
+The padded width enters no client's arithmetic, so a batched client's result does not depend
+on the chunk (tests/test_batched_bag.py compares chunks of 1, 2 and 3 with ==): vmap runs
 `embedding_bag` and its backward once per client (torch has no batching rule for them; its
 fallback slices the clients apart and stacks the results, no arithmetic), on ids that are the
 same in every chunk except the padding id, which is larger than every real id in any chunk.
@@ -25,7 +27,7 @@ its order of equal ids, are the same whatever the padding id's value; on a GPU a
 sort); the rows past a client's own are never named, get a gradient of exactly 0, stay 0
 under weight decay and momentum, and are never returned.
 
-Against the sequential client the results agree to float rounding (docs/BATCHED.md gives the
+Batched against sequential the results agree to float rounding (docs/BATCHED.md gives the
 tolerance measured): the same embedding_bag kernel, but the vmapped dense layers' batched
 matrix products, the masked mean over padded batch rows and the batched SGD's unfused
 `param - buf * lr` round differently.
@@ -40,15 +42,15 @@ measurements), so the CPU trains these clients one at a time (`BATCH_ON_CPU`).
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import nn
 
-from raysim.core.batched_training import ClientBatch, train_batched
-from raysim.core.client_step import ClientStep
+from raysim.core.client_step import ClientChunk, ClientStep, StartParts
 from raysim.models.embedding import XMLEmbeddingBag
 from raysim.models.layout import ModelLayout
 
@@ -60,17 +62,31 @@ BATCH_ON_CPU = False
 
 CPU_REASON = "embedding-bag clients are slower batched than one at a time on a CPU"
 
+# vmap's notice, in the forward and the backward pass, that embedding_bag has no batching rule:
+# running it per client is what makes the results independent of the chunk (module docstring).
+warnings.filterwarnings(
+    "ignore", message=r"There is a performance drop .* aten::_?embedding_bag", category=UserWarning
+)
+
 
 class _RowsNetwork(nn.Module):
-    """The vmapped call's network: `model.forward_rows(local_x, rows)`, the sequential
-    client's own, with `rows` (the client's table, `width` rows of the bag's width) trained
-    beside the model's dense tensors (named `model.<name>`). The module's `rows` only gives
-    the table's shape (a meta tensor): every client brings its own values."""
+    """The clients' network: `model.forward_rows(local_x, rows)`, with `rows` (a client's
+    table, `width` rows of the bag's width) trained beside the model's dense tensors (named
+    `model.<name>`). The sequential driver loads a client's values into it; the vmapped one
+    brings every client's own (the module's then only give the shapes)."""
 
-    def __init__(self, model: XMLEmbeddingBag, width: int) -> None:
+    def __init__(self, model: XMLEmbeddingBag) -> None:
         super().__init__()
         self.model = model
-        self.rows = nn.Parameter(torch.empty((width, model.bag.embedding_dim), device="meta"))
+        self.with_width(1)
+
+    def with_width(self, width: int) -> _RowsNetwork:
+        """This network, its table now `width` rows (values unset)."""
+        bag = self.model.bag
+        if getattr(self, "rows", None) is None or len(self.rows) != width:
+            shape = (width, bag.embedding_dim)
+            self.rows = nn.Parameter(torch.empty(shape, device=bag.weight.device))
+        return self
 
     def forward(self, local_x: torch.Tensor) -> torch.Tensor:
         return self.model.forward_rows(local_x, self.rows)
@@ -99,61 +115,77 @@ def _dense_names(model: nn.Module, layout: ModelLayout) -> list[str]:
     return [names[id(tensor)] for tensor, _, _ in layout.dense]
 
 
-def train_bag_batched(
-    model: XMLEmbeddingBag,
-    layout: ModelLayout,
-    theta: np.ndarray,
-    batch: ClientBatch,
-    extras: Sequence[np.ndarray],
-    step: ClientStep,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float], list[dict]]:
-    """Train a chunk of bag clients from theta, each with its own table of touched rows and
-    its own `extras`, by the method's client step (raysim.core.client_step.ClientStep: its
-    loss of a batch, `loss(embeddings, targets, extra)`, its SGD, the extras at `extra_lr`).
+# model -> (its layout, its _RowsNetwork, the trained tensors' names): made once per worker
+# model, not once per client (the sequential driver asks for one client at a time)
+_NETWORKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    Returns (theta's dense part; the trained dense parts and the trained extras, one row per
-    client (views of one array); the mean losses; each client's bag part of its message,
-    `bag_ids` (int32, its touched rows) and `bag_rows` (float32, their trained values minus
-    theta's), as `theta_message` builds them)."""
-    dense_theta = np.asarray(layout.theta_dense(theta), dtype=np.float32)
-    touched = [model.touched_feature_rows(x) for x in batch.xs]
+
+def _rows_network(model: XMLEmbeddingBag, layout: ModelLayout, width: int):
+    """(`model`'s _RowsNetwork with a table of `width` rows, the names of what it trains)."""
+    held = _NETWORKS.get(model)
+    if held is None or held[0] is not layout:
+        trainable = (*(f"model.{name}" for name in _dense_names(model, layout)), ROWS)
+        held = _NETWORKS[model] = (layout, _RowsNetwork(model), trainable)
+    return held[1].with_width(width), held[2]
+
+
+# a weak reference to the last payload, its layout, theta's dense part
+_DENSE: list = [None, None, None]
+
+
+def _dense_part(layout: ModelLayout, payload) -> np.ndarray:
+    """theta's dense part (float32), gathered once per payload: every client of a task starts
+    from the same payload, and the gather reads all of theta's dense part (8 MB at
+    Amazon-670K scale). Keyed by the payload object, not by theta: FedAwS's server steps theta
+    in place (raysim.algorithms.fedaws_fast), so the next round's theta is the same array with
+    new values, while every round's payload is a new object."""
+    held, held_layout, dense = _DENSE
+    if held is None or held() is not payload or held_layout is not layout:
+        dense = np.asarray(layout.theta_dense(payload.theta), dtype=np.float32)
+        _DENSE[:] = [weakref.ref(payload), layout, dense]
+    return dense
+
+
+@dataclass(frozen=True)
+class TableRows:
+    """A bag client's note for its messages: the bag rows it trained (`touched`, sorted ids)
+    in a table of `width` rows, and where its trained row puts them: the dense part first
+    (`dense_size` values), then the table, then its extra values."""
+
+    touched: np.ndarray
+    width: int
+    dense_size: int
+
+    def split(self, trained: np.ndarray, bag_width: int):
+        """(dense part, the touched rows' trained values [len(touched), bag_width], extra)."""
+        table_end = self.dense_size + self.width * bag_width
+        table = trained[self.dense_size : table_end].reshape(self.width, bag_width)
+        return trained[: self.dense_size], table[: len(self.touched)], trained[table_end:]
+
+
+def bag_chunk(
+    step: ClientStep,
+    layout: ModelLayout,
+    payload,
+    xs: Sequence[torch.Tensor],
+    extras: Sequence[np.ndarray],
+) -> ClientChunk:
+    """`step` (the method's: its loss `loss(embeddings, targets, extra)`, its SGD, the extras at
+    `extra_lr`) specialised to clients with inputs `xs` and extra values `extras`, each
+    training its own table of touched rows from theta (the module docstring). The notes are
+    each client's `TableRows`."""
+    model, theta = step.model, payload.theta
+    dense_theta = _dense_part(layout, payload)
+    touched = [model.touched_feature_rows(x) for x in xs]
     width = max(1, max((len(rows) for rows in touched), default=0))
-    local_xs = []
-    for x, rows in zip(batch.xs, touched, strict=True):
+    local_xs, starts = [], []
+    for x, rows, extra in zip(xs, touched, extras, strict=True):
         local = model.remap(x, rows)  # padding -> len(rows), moved to the padded table's
         local_xs.append(torch.where(local == len(rows), width, local))
-    dense_size, table_size = len(dense_theta), width * layout.bag_width
-    extra_width = extras[0].size if len(extras) else 0
-    starts = np.zeros((len(batch), dense_size + table_size + extra_width), dtype=np.float32)
-    starts[:, :dense_size] = dense_theta
-    for start, rows, extra in zip(starts, touched, extras, strict=True):
-        table = start[dense_size : dense_size + table_size].reshape(width, layout.bag_width)
+        table = np.zeros((width, layout.bag_width), dtype=np.float32)
         table[: len(rows)] = layout.bag_row_slice(theta, rows)
-        start[dense_size + table_size :] = np.asarray(extra, dtype=np.float32).ravel()
-    local_batch = ClientBatch(
-        client_ids=batch.client_ids,
-        xs=tuple(local_xs),
-        ys=batch.ys,
-        generators=batch.generators,
-        rows=batch.rows,
-        slots=batch.slots,
-        personal=batch.personal,
-    )
-    with warnings.catch_warnings():
-        # vmap's notice that embedding_bag has no batching rule: running it per client is
-        # what makes the results independent of the chunk (module docstring).
-        warnings.filterwarnings("ignore", message="There is a performance drop because we")
-        rows_step = replace(
-            step,
-            model=_RowsNetwork(model, width),
-            trainable=(*(f"model.{name}" for name in _dense_names(model, layout)), ROWS),
-        )
-        trained, losses = train_batched(rows_step, list(starts), local_batch)
-    del starts
-    tables = trained[:, dense_size : dense_size + table_size].reshape(-1, width, layout.bag_width)
-    bags = []
-    for table, rows in zip(tables, touched, strict=True):
-        delta = table[: len(rows)] - layout.bag_row_slice(theta, rows)
-        bags.append({"bag_ids": rows.astype(np.int32), "bag_rows": delta.astype(np.float32)})
-    dense, trained_extras = trained[:, :dense_size], trained[:, dense_size + table_size :]
-    return dense_theta, dense, trained_extras, losses, bags
+        starts.append(StartParts(dense_theta, table, extra))
+    network, trainable = _rows_network(model, layout, width)
+    rows_step = replace(step, model=network, trainable=trainable)
+    notes = tuple(TableRows(rows, width, len(dense_theta)) for rows in touched)
+    return ClientChunk(rows_step, tuple(local_xs), tuple(starts), notes)

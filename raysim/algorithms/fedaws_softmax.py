@@ -10,7 +10,6 @@ and stepped by one server optimizer. Shares everything else with FedAwS
 from __future__ import annotations
 
 import math
-import uuid
 
 import numpy as np
 import torch
@@ -18,12 +17,11 @@ from torch import nn
 
 from raysim.algorithms.class_embedding import ClassEmbeddingMethod, next_state, normalize_rows
 from raysim.algorithms.fedaws_fast import evaluate_class_embeddings
-from raysim.algorithms.fedaws_wire import Broadcast, theta_message
+from raysim.algorithms.fedaws_wire import Broadcast
 from raysim.core.algorithm import RunContext
 from raysim.core.fixed_point import FIXED_SCALE
-from raysim.core.state import ClientUpdate, ServerState
+from raysim.core.state import ServerState
 from raysim.errors import ConfigError
-from raysim.models.devices import to_numpy
 from raysim.models.vector import build_model
 
 # Logits are scale x cosine: past 1e4 the softmax is already a hard max, and past float32's
@@ -49,7 +47,7 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
     evaluate = evaluate_class_embeddings  # FedAwS's: the same numbers, without a score matrix
 
     def client_loss(self, embeddings: torch.Tensor, targets, classes: torch.Tensor):
-        """The loss of a batch (both client paths): the full softmax over every class,
+        """The loss of a batch: the full softmax over every class,
         logits = scale x cosine (W flat or [classes, dim])."""
         classes = classes.reshape(-1, embeddings.shape[-1])
         unit = classes / classes.norm(dim=1, keepdim=True).clamp_min(1e-12)
@@ -63,57 +61,21 @@ class FedAwSSoftmax(ClassEmbeddingMethod):
     def server_payload(self, state: ServerState) -> Broadcast:
         return Broadcast(
             state.arrays["params"],
-            uuid.uuid4().int & ((1 << 63) - 1),
             state.arrays["class_embeddings"],
         )
 
-    def client_update(
-        self, payload: Broadcast, x: torch.Tensor, y: torch.Tensor, client_id, generator, ctx
-    ) -> ClientUpdate:
-        clients = ctx.config.clients
-        device, x, y, model, layout, touched, table, local_x, params = self._client_setup(
-            ctx, payload, x, y
-        )
-        start_classes = np.asarray(payload.classes, dtype=np.float32)
-        classes = torch.tensor(start_classes, device=device, requires_grad=True)
-        optimizer = torch.optim.SGD(
-            [{"params": params}, {"params": [classes], "lr": self.class_lr or clients.lr}],
-            lr=clients.lr,
-            momentum=clients.momentum,
-            weight_decay=clients.weight_decay,
-        )
+    # --- client (described once in raysim.algorithms.class_embedding) ----------------------------
+    def client_extras(self, payload: Broadcast, personal, count: int) -> list[np.ndarray]:
+        """What each client trains beside theta: its copy of all of W."""
+        return [np.asarray(payload.classes, dtype=np.float32)] * count
 
-        mean_loss = self._train_locally(
-            model, layout, x, y, local_x, table, generator, optimizer, ctx, classes
-        )
-        message = theta_message(model, layout, payload, touched, table)
-        message["classes"] = to_numpy(classes) - start_classes
-        return ClientUpdate(
-            client_id=client_id,
-            num_samples=len(y),
-            vector=message,
-            metrics={"loss": mean_loss},
-        )
+    def extra_lr(self, ctx: RunContext) -> float:
+        return self.class_lr or ctx.config.clients.lr
 
-    def batched_client_updates(self, payload: Broadcast, batch, ctx: RunContext) -> list:
-        """`client_update` for a chunk of clients at once: theta and each client's copy of W
-        trained together (W at class_lr), each client's loss the full softmax."""
-        start_classes = np.asarray(payload.classes, dtype=np.float32)
-        shape = start_classes.shape
-        rate = self.class_lr or ctx.config.clients.lr
-        extras = [start_classes] * len(batch)
-        theta, dense, trained_classes, losses, bags = self._train_batched(
-            payload, batch, ctx, extras, rate
-        )
-        updates = []
-        for i, client_id in enumerate(batch.client_ids):
-            message = {
-                "dense": dense[i] - theta,
-                **bags[i],  # an embedding bag's touched rows (theta_message's bag_ids, bag_rows)
-                "classes": trained_classes[i].reshape(shape) - start_classes,
-            }
-            updates.append(self._batched_update(client_id, batch.ys[i], message, losses[i]))
-        return updates
+    def extra_message(self, payload: Broadcast, trained: np.ndarray, y: torch.Tensor) -> dict:
+        """The client's delta of W."""
+        start = np.asarray(payload.classes, dtype=np.float32)
+        return {"classes": trained.reshape(start.shape) - start}
 
     def server_update(
         self, state: ServerState, aggregate: dict, ctx: RunContext

@@ -2,9 +2,10 @@
 
 Down: `Broadcast`, the round's common payload (theta; all of W for the oracle), and
 `ClassRow`, a FedAwS client's own payload (the row of the one class it holds).
-Up: a dict message, built by `theta_message` (the theta delta: the dense part, read lazily
-through `DenseDelta`, plus the embedding-bag rows the client touched) to which FedAwS adds
-`class` and `row` (its new class row) and the oracle `classes` (its delta of W).
+Up: a dict message (raysim.algorithms.class_embedding's `client_messages`): the theta delta
+(the dense part, read lazily through `DenseDelta`, plus the embedding-bag rows the client
+touched), to which FedAwS adds `class` and `row` (its new class row) and the oracle `classes`
+(its delta of W).
 `check_message` / `message_problem` say why a message is malformed; the task's reducer
 (raysim.algorithms.fedaws_reduce) refuses such a message before folding it.
 """
@@ -15,25 +16,18 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from raysim.core.fixed_point import FIXED_LIMIT, FIXED_SCALE, MAX_FIXED_WEIGHT, ChunkedValues
 from raysim.core.payload import WireSized
-from raysim.models.devices import to_numpy
 from raysim.models.layout import ModelLayout
 
 
 @dataclass(frozen=True)
 class Broadcast(WireSized):
-    """The round's common payload: theta, plus (softmax oracle) all class rows.
-
-    `token` identifies this payload on a worker so the worker loads the 288 MB theta into its
-    model once per round instead of once per client; it is bookkeeping, not sent data.
-    """
+    """The round's common payload: theta, plus (softmax oracle) all class rows."""
 
     theta: np.ndarray
-    token: int
     classes: np.ndarray | None = None
 
     def wire_nbytes(self) -> int:
@@ -63,23 +57,19 @@ class ClassRow(WireSized):
 
 
 class DenseDelta(NDArrayOperatorsMixin, ChunkedValues, WireSized):
-    """The dense part of a FedAwS/softmax client's message, read where it lies: the worker
-    model's dense parameters minus theta's dense part, float32.
+    """The dense part of a FedAwS/softmax client's message, read where it lies: the client's
+    trained dense values minus theta's dense part, float32.
 
     A task's reducer folds it a cache-sized chunk at a time (`read_chunk`: the subtraction,
     the check and the fixed-point conversion of a chunk while it is in cache) instead of
     materialising the 8 MB difference and reading it again. Anything else that touches it
     (np.asarray, indexing, item assignment, arithmetic, numpy functions, any ndarray
-    attribute, pickling) first makes it an array of its own, after which it is that array.
-    Unmaterialised it is valid while the worker's model still holds this client's parameters,
-    i.e. until the next client of the task starts (the task body folds each message before
-    that); read later it raises instead of giving another client's values."""
+    attribute, pickling) first makes it an array of its own, after which it is that array."""
 
-    def __init__(self, model, layout: ModelLayout, base: torch.Tensor) -> None:
-        self._model, self._layout, self._base = model, layout, base
-        self._client = model._fedaws_client  # which client's parameters these are
-        self._arrays = layout.dense_arrays()  # numpy views: no torch call per chunk
-        self._base_array = base.numpy()
+    def __init__(self, trained: np.ndarray, base: np.ndarray) -> None:
+        if trained.shape != base.shape:
+            raise ValueError(f"trained values {trained.shape} against a base of {base.shape}")
+        self._trained, self._base = trained, base
         self._owned: np.ndarray | None = None  # the materialised difference, once made
         self.shape = (len(base),)
         self.dtype = np.dtype(np.float32)
@@ -87,17 +77,9 @@ class DenseDelta(NDArrayOperatorsMixin, ChunkedValues, WireSized):
     def __len__(self) -> int:
         return self.shape[0]
 
-    def _check_current(self) -> None:
-        if self._model._fedaws_client != self._client:
-            raise RuntimeError(
-                "a client's dense delta was read after the worker model moved on to another "
-                "client (fold or copy a message before the next client trains)"
-            )
-
     def _array(self) -> np.ndarray:
         if self._owned is None:
-            self._check_current()
-            self._owned = self._layout.dense_delta(self._base)
+            self._owned = np.subtract(self._trained, self._base, dtype=np.float32)
         return self._owned
 
     def read_chunk(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
@@ -105,17 +87,8 @@ class DenseDelta(NDArrayOperatorsMixin, ChunkedValues, WireSized):
         stop - start long, unless already materialised)."""
         if self._owned is not None:
             return self._owned[start:stop]
-        self._check_current()
         part = out[: stop - start]
-        base = self._base_array
-        for position, count, flat in self._arrays:
-            low, high = max(start, position), min(stop, position + count)
-            if low < high:
-                np.subtract(
-                    flat[low - position : high - position],
-                    base[low:high],
-                    out=part[low - start : high - start],
-                )
+        np.subtract(self._trained[start:stop], self._base[start:stop], out=part)
         return part
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -155,18 +128,6 @@ class DenseDelta(NDArrayOperatorsMixin, ChunkedValues, WireSized):
 
     def wire_nbytes(self) -> int:
         return 4 * len(self)
-
-
-def forget_payload(model) -> None:
-    """`model` (a worker's cached model) was overwritten with other values: it no longer holds
-    a payload's theta, nor a client's parameters that a DenseDelta may still read."""
-    model._fedaws_token = None
-    next_client(model)
-
-
-def next_client(model) -> None:
-    """The model's parameters now belong to someone else (`DenseDelta` checks this count)."""
-    model._fedaws_client = getattr(model, "_fedaws_client", 0) + 1
 
 
 def materialised(message):
@@ -266,21 +227,3 @@ def message_problem(
 
 def too_large(key: str) -> str:
     return f"'{key}' too large for exact aggregation (did local training diverge?)"
-
-
-def theta_message(model, layout: ModelLayout, broadcast: Broadcast, touched, table) -> dict:
-    """The theta part of a client's message: the dense delta (+ the touched bag rows' delta).
-
-    `model` is the worker's model after local training (holding theta's dense part beside it,
-    `_fedaws_dense`), `touched` the bag rows the client trained in its local `table`."""
-    base = model._fedaws_dense
-    if base.device.type == "cpu":  # read by the task's reducer in chunks (DenseDelta)
-        message = {"dense": DenseDelta(model, layout, base)}
-    else:  # one copy from the GPU
-        message = {"dense": layout.dense_delta(base)}
-    if layout.bag is not None:
-        with torch.no_grad():
-            rows = to_numpy(table) - layout.bag_row_slice(broadcast.theta, touched)
-        message["bag_ids"] = touched.astype(np.int32)
-        message["bag_rows"] = rows.astype(np.float32)
-    return message

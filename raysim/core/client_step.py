@@ -10,6 +10,13 @@ A method states its client once, as three pure-ish pieces (docs/EXTENDING.md):
     client_messages(payload, trained, ctx)       the updates of trained clients (TrainedClients:
                                                   ids, labels, starts, trained rows, losses)
 
+and, where a client's step depends on its own data, a fourth:
+
+    client_chunk(payload, step, client_ids, xs, personal, ctx) -> ClientChunk
+                                                  the step, inputs and starts specialised to
+                                                  these clients (FedAwS: the embedding-bag
+                                                  rows they touch, a table of their own)
+
 and `DescribedClient` (the method's base) runs it, the pattern of fedjax's `client_step` run by
 a sequential or a vmapped driver:
 
@@ -18,8 +25,9 @@ a sequential or a vmapped driver:
 - `batched_client_updates` (`clients.batched`): a chunk of clients vmapped
   (raysim.core.batched_training.train_batched, the same loss per row of every padded batch).
 
-Both drivers hand the same `client_messages` their results, so what a client sends is written
-once. A method whose client does not fit (Per-FedAvg's inner and outer steps) sets
+Both drivers ask the same `client_chunk` for what to train (one client, or a chunk) and hand
+the same `client_messages` their results, so what a client trains and sends is written once.
+A method whose client does not fit (Per-FedAvg's inner and outer steps) sets
 `client_step = None` and writes its own `client_update`; overriding `client_update` of a
 described method is refused when the class is defined (the batched driver would not see it).
 Why a configuration cannot be vmapped is the method's one declared capability,
@@ -32,12 +40,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import nn
 
+from raysim.core.algorithm import AlgorithmHooks
 from raysim.core.state import ClientUpdate
 from raysim.core.training import fresh_sgd, local_training, scheduled_lr, set_lr
 from raysim.models.devices import autocast
@@ -95,7 +104,7 @@ class ClientStep:
 
     @property
     def device(self) -> torch.device:
-        # (a meta tensor only gives a shape: fedaws_bag_batched's per-client table)
+        # (a meta tensor only gives a shape)
         devices = (p.device for p in self.model.parameters() if p.device.type != "meta")
         return next(devices, torch.device("cpu"))
 
@@ -108,17 +117,48 @@ class ClientStep:
         return None
 
 
+class StartParts:
+    """A start row given as consecutive 1-D float32 pieces (FedAwS: theta's dense part, shared
+    by every client, then the client's own rows): the sequential driver loads each piece into
+    the model where it belongs, without first writing the concatenated row; anything else reads
+    it as that row (np.asarray)."""
+
+    def __init__(self, *parts: np.ndarray) -> None:
+        self.parts = tuple(np.asarray(part, dtype=np.float32).reshape(-1) for part in parts)
+
+    def __len__(self) -> int:
+        return sum(len(part) for part in self.parts)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        row = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
+        return row if dtype is None else row.astype(dtype, copy=False)
+
+
+@dataclass(frozen=True)
+class ClientChunk:
+    """What the drivers train for some clients (`client_chunk`): the step specialised to them,
+    their inputs as the step's model reads them, their start rows (arrays, tensors or
+    StartParts) and, per client, what `client_messages` needs besides (None by default)."""
+
+    step: ClientStep
+    xs: tuple[torch.Tensor, ...]
+    starts: tuple
+    notes: tuple
+
+
 @dataclass(frozen=True)
 class TrainedClients:
     """What a driver hands `client_messages`: the clients in order, their labels (CPU
     tensors), start rows, trained rows (one per client: a float32 array, or a tensor on the
-    step's device with `as_tensor`) and mean losses (NaN for a client without samples)."""
+    step's device with `as_tensor`), mean losses (NaN for a client without samples) and the
+    notes of their `ClientChunk`."""
 
     client_ids: tuple[int, ...]
     ys: tuple[torch.Tensor, ...]
     starts: tuple
     trained: np.ndarray | torch.Tensor
     losses: tuple[float, ...]
+    notes: tuple = ()
 
     def __len__(self) -> int:
         return len(self.client_ids)
@@ -140,18 +180,18 @@ def train_one(
     without samples: nothing trains)."""
     model, device = step.model, step.device
     tensors = trained_tensors(model, step.trainable)
-    source = _as_tensor(start, device)
+    pieces = [_as_tensor(part, device) for part in _parts(start)]
+    total = sum(piece.numel() for piece in pieces)
     width = sum(t.numel() for t in tensors)
-    if source.numel() < width or (step.extra_lr is None and source.numel() != width):
-        raise ValueError(f"a start of {source.numel()} values for {width} trained values")
-    offset = 0
+    if total < width or (step.extra_lr is None and total != width):
+        raise ValueError(f"a start of {total} values for {width} trained values")
+    reader = _PieceReader(pieces)
     with torch.no_grad():
         for tensor in tensors:
-            tensor.copy_(source[offset : offset + tensor.numel()].view_as(tensor))
-            offset += tensor.numel()
+            tensor.copy_(reader.take(tensor.numel()).view_as(tensor))
     extra = None
     if step.extra_lr is not None:
-        extra = source[width:].clone().requires_grad_(True)
+        extra = reader.take(total - width).clone().requires_grad_(True)
     loss = float("nan")
     if len(y):
         x, y = x.to(device), y.to(device)
@@ -166,6 +206,34 @@ def train_one(
         return row, loss
     # torch.cat wrote new memory that nothing else holds: no second copy is needed
     return row.cpu().numpy().astype(np.float32, copy=False), loss
+
+
+def _parts(start) -> tuple:
+    return start.parts if isinstance(start, StartParts) else (start,)
+
+
+class _PieceReader:
+    """Consecutive values of a start given in pieces: `take(n)` the next n (a view when they
+    lie in one piece)."""
+
+    def __init__(self, pieces: list[torch.Tensor]) -> None:
+        self.pieces, self.piece, self.offset = pieces, 0, 0
+
+    def take(self, count: int) -> torch.Tensor:
+        taken = []
+        while count:
+            piece = self.pieces[self.piece]
+            part = piece[self.offset : self.offset + count]
+            taken.append(part)
+            count -= part.numel()
+            self.offset += part.numel()
+            if self.offset == piece.numel():
+                self.piece, self.offset = self.piece + 1, 0
+        if len(taken) == 1:
+            return taken[0]
+        if not taken:
+            return torch.zeros(0, device=self.pieces[0].device if self.pieces else None)
+        return torch.cat(taken)
 
 
 def _as_tensor(start, device: torch.device) -> torch.Tensor:
@@ -196,8 +264,11 @@ def _local_sgd(step: ClientStep, model, extra, x, y, generator) -> float:
             momentum=step.momentum,
             weight_decay=step.weight_decay,
         )
+    if extra is not None and step.lr_schedule != "constant":
+        raise ValueError("extra values need a constant lr_schedule")  # as the vmapped driver
     before_step = None
-    if step.optimizer is None:  # (another optimizer brings its own scheduler)
+    if step.optimizer is None and extra is None:  # (another optimizer has its own scheduler;
+        # extra values keep their own rate, and a constant schedule never changes the model's)
 
         def before_step(index: int) -> None:
             rate = scheduled_lr(
@@ -254,11 +325,17 @@ class DescribedClient:
             )
 
     def client_update(self, payload, x, y, client_id, generator, ctx) -> ClientUpdate:
+        personal = None
+        # a method with `client_payload` (FedAwS: each client's class row) gets (the round's
+        # payload, this client's own); its own goes to `client_chunk` as the batched one's do
+        if AlgorithmHooks.of(self).client_payload is not None:
+            payload, own = payload
+            personal = (own,)
         step = self.client_step(payload, ctx)
-        start = self.client_start(payload, client_id, ctx)
-        trained, loss = train_one(step, start, x, y, generator)
-        rows = trained[None] if step.as_tensor else trained.reshape(1, -1)
-        done = TrainedClients((int(client_id),), (y,), (start,), rows, (loss,))
+        chunk = self.client_chunk(payload, step, (int(client_id),), (x,), personal, ctx)
+        trained, loss = train_one(chunk.step, chunk.starts[0], chunk.xs[0], y, generator)
+        rows = trained[None] if chunk.step.as_tensor else trained.reshape(1, -1)
+        done = TrainedClients((int(client_id),), (y,), chunk.starts, rows, (loss,), chunk.notes)
         return self.client_messages(payload, done, ctx)[0]
 
     def batched_client_updates(self, payload, batch, ctx) -> list[ClientUpdate]:
@@ -269,10 +346,20 @@ class DescribedClient:
         problem = step.vmap_problem()
         if problem is not None:  # batching_problem should have said so before the round
             raise RuntimeError(f"{type(self).__name__}'s client step cannot be vmapped: {problem}")
-        starts = tuple(self.client_start(payload, c, ctx) for c in batch.client_ids)
-        trained, losses = train_batched(step, starts, batch)
-        done = TrainedClients(batch.client_ids, batch.ys, starts, trained, tuple(losses))
+        chunk = self.client_chunk(payload, step, batch.client_ids, batch.xs, batch.personal, ctx)
+        trained, losses = train_batched(chunk.step, chunk.starts, replace(batch, xs=chunk.xs))
+        done = TrainedClients(
+            batch.client_ids, batch.ys, chunk.starts, trained, tuple(losses), chunk.notes
+        )
         return self.client_messages(payload, done, ctx)
+
+    def client_chunk(self, payload, step, client_ids, xs, personal, ctx) -> ClientChunk:
+        """What the drivers train for `client_ids` (`xs` their inputs; `personal` their own
+        payloads, or None): by default `step` as it is, the inputs as given and each client's
+        `client_start`. A method whose step depends on its clients' data specialises it here
+        (FedAwS: a table of the embedding-bag rows the clients touch)."""
+        starts = tuple(self.client_start(payload, c, ctx) for c in client_ids)
+        return ClientChunk(step, tuple(xs), starts, (None,) * len(starts))
 
     def batching_problem(self, ctx) -> str | None:
         """Why this instance's clients cannot train vmapped (one line), or None: the method's
@@ -284,8 +371,10 @@ class DescribedClient:
 
 
 __all__ = [
+    "ClientChunk",
     "ClientStep",
     "DescribedClient",
+    "StartParts",
     "TrainedClients",
     "train_one",
     "trained_tensors",
