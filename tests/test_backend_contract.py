@@ -107,9 +107,9 @@ def test_a_backend_that_plans_twice_is_refused_in_one_line(digits_config_path, t
     class PlansTwice(LocalBackend):
         @classmethod
         def start(cls, config, address, prepare):
-            def twice(dataset):
-                prepare(dataset)
-                return prepare(dataset)
+            def twice(dataset, *attachments):
+                prepare(dataset, *attachments)
+                return prepare(dataset, *attachments)
 
             return original_start(cls, config, address, twice)
 

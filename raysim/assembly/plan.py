@@ -16,10 +16,12 @@ import numpy as np
 from raysim import registry
 from raysim.config import Config
 from raysim.core.algorithm import RunContext
+from raysim.core.backend import RuntimeAttachments
 from raysim.data.datasets import Dataset
 from raysim.data.partition import options_with_defaults, split_dataset
 from raysim.data.split import ClientSplit, PartitionResult
 from raysim.errors import RaysimError
+from raysim.runtime.client_state import store_for
 from raysim.seeds import PARTITION, purpose_seed
 
 # The most optimizer steps one client may take in one round (local_epochs x its batches): the
@@ -40,13 +42,24 @@ class RunPlan:
     schedule: Any = None
 
 
-def plan_run(config: Config, dataset: Dataset) -> RunPlan:
+def plan_run(
+    config: Config, dataset: Dataset, attachments: RuntimeAttachments | None = None
+) -> RunPlan:
     """Partition `dataset` for `config` once (read from `partition.cache_dir` when cached),
-    check the client step bound, and build the run context."""
+    check the client step bound, and build the run context, once, with what the backend
+    brings (`attachments`: its client-state store, index builder and granted GPUs; None: the
+    in-process defaults, a client-state store in this process when the algorithm uses one)."""
+    if attachments is None:
+        attachments = RuntimeAttachments(client_state=store_for(config, "local"))
+    config = attachments.granted(config)
     partition = partition_for_run(config, dataset)
     split = partition.train
     check_local_steps(config, split)
-    ctx = run_context(config, dataset, partition)
+    ctx = dataclasses.replace(
+        run_context(config, dataset, partition),
+        client_state=attachments.client_state,
+        index_builder=attachments.index_builder,
+    )
     schedule = None
     if config.devices.asynchronous:  # the whole schedule, before anything starts
         from raysim.core.async_aggregation import check_async

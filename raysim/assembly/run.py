@@ -20,7 +20,7 @@ from raysim.assembly.recovery import ServerKeeper
 from raysim.assembly.resume import check_resume_config, find_resume_point, resume_config
 from raysim.config import Config
 from raysim.core import schedule as round_schedule
-from raysim.core.backend import check_backend, check_started_backend
+from raysim.core.backend import RuntimeAttachments, check_backend, check_started_backend
 from raysim.core.faults import CapacityLost
 from raysim.core.loop import run_rounds
 from raysim.core.schedule.sampling import clients_per_round
@@ -55,8 +55,8 @@ def start_planned(config: Config, address: str | None) -> tuple[Any, Dataset, Ru
 
     planned: list[tuple[Dataset, RunPlan]] = []
 
-    def prepare(dataset: Dataset) -> RunPlan:
-        plan = plan_run(config, dataset)
+    def prepare(dataset: Dataset, attachments: RuntimeAttachments | None = None) -> RunPlan:
+        plan = plan_run(config, dataset, attachments)
         planned.append((dataset, plan))
         return plan
 

@@ -7,10 +7,11 @@ A backend class provides
     @classmethod
     def start(cls, config, address, prepare) -> backend
         load the dataset where it belongs (the Ray backend loads it in a task, so the features
-        go straight into the object store), then call `prepare(dataset) -> RunPlan` once
-        (raysim.assembly.plan: `.split`, the client split, and `.ctx`, the run context) and
-        start the server. The started backend has `.dataset` (features may be left out of
-        it), `.split` and `.ctx`.
+        go straight into the object store), then call `prepare(dataset, attachments) ->
+        RunPlan` once (raysim.assembly.plan: `.split`, the client split, and `.ctx`, the run
+        context, built once with the backend's `RuntimeAttachments`; a backend never rewrites
+        it) and start the server. The started backend has `.dataset` (features may be left
+        out of it), `.split` and `.ctx` (the plan's).
 
 and, started:
 
@@ -37,13 +38,45 @@ alone and updates are folded in client-id order (raysim.core.server.Server does 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 
-# prepare(dataset) -> the run's RunPlan (raysim.assembly.plan), supplied by the assembly.
-Prepare = Callable[[Any], Any]
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeAttachments:
+    """What a backend brings to the run context, decided before the run is planned, so that
+    the plan builds the context once (raysim.assembly.plan) and nothing rewrites it after.
+
+    `client_state`: the explicit client-state store (raysim.runtime.client_state) of an
+    algorithm that declares `uses_client_state`, else None. `index_builder`: how a
+    nearest-class index's shards are built (raysim.index.build_index's signature; the Ray
+    backend's puts shards in actors), None: in-process. `clients_num_gpus` /
+    `server_num_gpus`: the GPUs the cluster can grant where it cannot meet the config's
+    request (raysim.runtime.ray_cluster.granted_gpus), None: as configured."""
+
+    client_state: Any = None
+    index_builder: Any = None
+    clients_num_gpus: float | None = None
+    server_num_gpus: float | None = None
+
+    def granted(self, config: Any) -> Any:
+        """`config` with the GPUs granted (unchanged when nothing was cut)."""
+        if self.clients_num_gpus is None and self.server_num_gpus is None:
+            return config
+        clients, server = config.clients, config.server
+        if self.clients_num_gpus is not None:
+            clients = dataclasses.replace(clients, num_gpus=self.clients_num_gpus)
+        if self.server_num_gpus is not None:
+            server = dataclasses.replace(server, num_gpus=self.server_num_gpus)
+        return dataclasses.replace(config, clients=clients, server=server)
+
+
+# prepare(dataset, attachments=None) -> the run's RunPlan (raysim.assembly.plan), supplied by
+# the assembly; None: the in-process defaults (a client-state store in this process).
+Prepare = Callable[..., Any]
 
 
 class Backend(Protocol):

@@ -16,7 +16,6 @@ results stay identical on both backends.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -108,27 +107,26 @@ class RayClientState:
         ray.kill(self.actor)
 
 
-def uses_client_state(ctx) -> bool:
+def uses_client_state(config) -> bool:
     """Whether the configured algorithm declares `uses_client_state = True`."""
     from raysim import registry
     from raysim.core.algorithm import AlgorithmHooks
 
-    algorithm_class = registry.algorithms.get(ctx.config.algorithm.name)
+    algorithm_class = registry.algorithms.get(config.algorithm.name)
     return bool(AlgorithmHooks.of(algorithm_class).uses_client_state)
 
 
-def attach(ctx, backend: str):
-    """`ctx` with a fresh store for algorithms that use one (else `ctx` unchanged)."""
-    if not uses_client_state(ctx) or ctx.client_state is not None:
-        return ctx
+def store_for(config, backend: str):
+    """A fresh store for an algorithm that uses one (None otherwise): in this process for the
+    local backend, a Ray actor for the Ray backend (its clients run in other processes)."""
+    if not uses_client_state(config):
+        return None
     if backend == "local":
-        store = InProcessClientState()
-    else:
-        import ray
+        return InProcessClientState()
+    import ray
 
-        actor = ray.remote(num_cpus=0)(InProcessClientState).remote()
-        store = RayClientState(actor)
-    return dataclasses.replace(ctx, client_state=store)
+    actor = ray.remote(num_cpus=0)(InProcessClientState).remote()
+    return RayClientState(actor)
 
 
 def with_store(state: ServerState, ctx) -> ServerState:

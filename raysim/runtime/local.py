@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from raysim.core.algorithm import RunContext
+from raysim.core.backend import RuntimeAttachments
 from raysim.core.clients import train_clients
 from raysim.core.faults import FaultPlan, InjectedClientFailure
 from raysim.core.server import Server, ServerData, build_algorithm
@@ -30,13 +31,15 @@ class LocalBackend:
                 f"{address!r} (use runtime.backend: ray)"
             )
         dataset = load_dataset(config)
-        plan = prepare(dataset)  # the RunPlan (raysim.assembly.plan), taken whole
+        # a client-state store in this process, only if the algorithm uses one
+        attachments = RuntimeAttachments(client_state=client_state.store_for(config, "local"))
+        plan = prepare(dataset, attachments)  # the RunPlan (raysim.assembly.plan), taken whole
         return cls(plan.ctx, dataset, plan.split, plan.schedule)
 
     def __init__(
         self, ctx: RunContext, dataset: Dataset, split: ClientSplit, schedule=None
     ) -> None:
-        ctx = client_state.attach(ctx, "local")  # a store only if the algorithm uses one
+        """`ctx`: the plan's run context (with its client-state store, if any)."""
         self.ctx = ctx
         self.dataset = dataset
         self.split = split

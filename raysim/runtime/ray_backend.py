@@ -15,12 +15,12 @@ a round's clients train (ray_placement).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import ray
 
 from raysim.core.algorithm import RunContext
+from raysim.core.backend import RuntimeAttachments
 from raysim.core.faults import ServerLost
 from raysim.core.server import ServerData, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
@@ -61,7 +61,18 @@ class RayBackend(ClientPlacement):
         try:
             check_resources_fit(config)
             dataset, train_x_ref = load_dataset_in_cluster(config)
-            plan = prepare(dataset)  # the RunPlan (raysim.assembly.plan), taken whole
+            clients_gpus, server_gpus = granted_gpus(
+                config, ray.cluster_resources().get("GPU", 0.0)
+            )
+            attachments = RuntimeAttachments(
+                # a store actor only if the algorithm uses one
+                client_state=client_state.store_for(config, "ray"),
+                # index shards beyond the first become actors (FedAwS's nearest-class index)
+                index_builder=build_index_with_actors,
+                clients_num_gpus=clients_gpus,
+                server_num_gpus=server_gpus,
+            )
+            plan = prepare(dataset, attachments)  # the RunPlan (raysim.assembly.plan), whole
             backend = cls(plan.ctx, dataset, plan.split, train_x_ref, plan.schedule)
         except BaseException:
             if started_ray:
@@ -78,18 +89,15 @@ class RayBackend(ClientPlacement):
         train_x_ref: ray.ObjectRef,
         schedule=None,
     ) -> None:
-        """Ray must be connected (see `connect`); `train_x_ref` holds the training features."""
-        ctx = client_state.attach(ctx, "ray")  # a store actor only if the algorithm uses one
-        # Index shards beyond the first become actors (FedAwS's nearest-class index).
-        ctx = dataclasses.replace(ctx, index_builder=build_index_with_actors)
-        ctx = granted_gpus(ctx, ray.cluster_resources().get("GPU", 0.0))
+        """Ray must be connected (see `connect`); `ctx` is the plan's run context (built with
+        this backend's RuntimeAttachments); `train_x_ref` holds the training features."""
         self.ctx = ctx
         self.dataset, self.split = dataset, split
         self.started_ray = False
         run_ref = put_run_bundle(ctx, build_algorithm(ctx), train_x_ref, dataset, split)
         # The server's data in the object store once (a restarted actor reads it again).
         server_args = (ctx, [run_ref], ray.put(ServerData.of(dataset, split, schedule)))
-        # (server.num_gpus as granted: granted_gpus)
+        # (server.num_gpus as granted: granted_gpus, in the plan's config)
         self.server = ServerHandle(server_args, ctx.config.server.num_gpus)
         self.restarts = 0
         # Test hook: RAYSIM_TEST_KILL_SERVER_AT_ROUND=r kills the server actor once, while it

@@ -4,7 +4,6 @@ run (resources a client task or the server actor asks for, the GPUs they get).""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -13,7 +12,6 @@ from pathlib import Path
 import ray
 
 from raysim.config import RuntimeConfig
-from raysim.core.algorithm import RunContext
 from raysim.errors import RaysimError
 from raysim.models.devices import task_num_gpus
 from raysim.plugins import modules_to_ship
@@ -392,11 +390,11 @@ def client_slots(task_cpus: float) -> int:
     return max(1, int(cpus // task_cpus))
 
 
-def granted_gpus(ctx: RunContext, cluster_gpus: float) -> RunContext:
-    """The run context with the GPUs its tasks and server actor really get: a request the
-    cluster cannot meet (no GPU in it) becomes 0, said once here, in the driver, so that the
-    workers use the CPU without repeating the notice and nothing waits forever for a GPU."""
-    config = ctx.config
+def granted_gpus(config, cluster_gpus: float) -> tuple[float | None, float | None]:
+    """The GPUs the run's tasks and server actor really get, as (clients, server), None where
+    the config's request stands: a request the cluster cannot meet (no GPU in it) becomes 0,
+    said once here, in the driver, so that the workers use the CPU without repeating the
+    notice and nothing waits forever for a GPU (raysim.core.backend.RuntimeAttachments)."""
     clients_gpus = task_num_gpus(config.clients.num_gpus, cluster_gpus)
     server_gpus = task_num_gpus(
         config.server.num_gpus,
@@ -404,14 +402,10 @@ def granted_gpus(ctx: RunContext, cluster_gpus: float) -> RunContext:
         key="server.num_gpus",
         fallback="the server runs on the CPU",
     )
-    if (clients_gpus, server_gpus) == (config.clients.num_gpus, config.server.num_gpus):
-        return ctx
-    granted = dataclasses.replace(
-        config,
-        clients=dataclasses.replace(config.clients, num_gpus=clients_gpus),
-        server=dataclasses.replace(config.server, num_gpus=server_gpus),
+    return (
+        None if clients_gpus == config.clients.num_gpus else clients_gpus,
+        None if server_gpus == config.server.num_gpus else server_gpus,
     )
-    return dataclasses.replace(ctx, config=granted)
 
 
 def check_resources_fit(config) -> None:
