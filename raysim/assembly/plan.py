@@ -15,6 +15,7 @@ import numpy as np
 
 from raysim import registry
 from raysim.config import Config
+from raysim.core import schedule as round_schedule
 from raysim.core.algorithm import RunContext
 from raysim.core.backend import RuntimeAttachments
 from raysim.data.datasets import Dataset
@@ -40,6 +41,10 @@ class RunPlan:
     # anything trains (raysim.core.schedule.async_events.AsyncSchedule); it rides in the
     # server's data (raysim.core.server.ServerData), not in the context every worker gets
     schedule: Any = None
+    # which clients train in each round (and with `devices:`, when): the run's one
+    # raysim.core.schedule.RoundSchedule, which the round loop and the replays after a lost
+    # server follow (an asynchronous run's is built on `schedule`)
+    rounds: Any = None
 
 
 def plan_run(
@@ -68,7 +73,8 @@ def plan_run(
         algorithm = registry.algorithms.build(config.algorithm.name, **config.algorithm.options)
         check_async(algorithm, config)
         schedule = AsyncSchedule(config, np.diff(split.offsets), ctx)
-    return RunPlan(partition, split, ctx, schedule)
+    rounds = round_schedule.build(config, np.diff(split.offsets), ctx, schedule)
+    return RunPlan(partition, split, ctx, schedule, rounds)
 
 
 def check_local_steps(config: Config, split: ClientSplit) -> None:

@@ -12,14 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from raysim import interrupts, registry
 from raysim.assembly.plan import RunPlan, plan_run
 from raysim.assembly.recovery import ServerKeeper
 from raysim.assembly.resume import check_resume_config, find_resume_point, resume_config
 from raysim.config import Config
-from raysim.core import schedule as round_schedule
 from raysim.core.backend import RuntimeAttachments, check_backend, check_started_backend
 from raysim.core.faults import CapacityLost
 from raysim.core.loop import run_rounds
@@ -179,10 +176,9 @@ def run(
         bar = Progress(config.run.rounds, first_round)
     try:
         # Which clients train in each round: the devices' clock when the run has one, else the
-        # seed's sample. The loop and the replays after a lost server follow this one schedule.
-        schedule = round_schedule.build(
-            config, np.diff(split.offsets), backend.ctx, history, first_round, plan.schedule
-        )
+        # seed's sample, planned once. The loop and the replays after a lost server follow it.
+        schedule = plan.rounds
+        schedule.resume_at(first_round, history)
         server = ServerKeeper(backend, outputs.checkpoint_dir, restored, schedule.info)
         try:
             state, tally, wall_s = run_rounds(

@@ -49,20 +49,25 @@ class RoundSchedule:
     def summary(self) -> dict[str, Any] | None:
         return None if self.tally is None else self.tally.summary()
 
+    def resume_at(self, first: int, history: list[dict[str, Any]] | None) -> None:
+        """A run resumed at round `first`: the simulated-time tally continues over the rounds
+        before it (the clock recomputes them: their clients follow from the seed), their
+        records from `history` (metrics.jsonl's)."""
+        if self.clock is None:
+            return
+        records = {record.get("round"): record for record in history or []}
+        for round_index in range(first):
+            self.tally.add(
+                self.clock.round(round_index),
+                records.get(round_index + 1, {"round": round_index + 1}),
+            )
 
-def build(
-    config: Any,
-    sizes: np.ndarray,
-    ctx: Any,
-    history: list[dict[str, Any]] | None = None,
-    first: int = 0,
-    planned: Any = None,
-) -> RoundSchedule:
+
+def build(config: Any, sizes: np.ndarray, ctx: Any, planned: Any = None) -> RoundSchedule:
     """The run's schedule for clients of `sizes` samples: the seed's sample without
-    `devices:`, else the simulated clock, its tally continued over the rounds before a resume
-    (the clock recomputes them: their clients follow from the seed). An asynchronous run's
-    event simulation is the one its plan computed (`planned`: RunPlan.schedule, which the
-    server's algorithm wrapper weighs updates by), else computed here."""
+    `devices:`, else the simulated clock and its tally (`resume_at` continues the tally over
+    the rounds before a resume). An asynchronous run's event simulation is `planned` when
+    given (the one the server's algorithm wrapper weighs updates by), else computed here."""
     num_clients = len(sizes)
     if not config.devices.enabled:
         return RoundSchedule(functools.partial(round_info, config, num_clients))
@@ -73,13 +78,7 @@ def build(
         tally = AsyncTally(config.devices, num_clients)
     else:
         clock, tally = SimClock(config, sizes, ctx), SimTally(config.devices, num_clients)
-    schedule = RoundSchedule(clock.info, clock, tally)
-    records = {record.get("round"): record for record in history or []}
-    for round_index in range(first):
-        tally.add(
-            clock.round(round_index), records.get(round_index + 1, {"round": round_index + 1})
-        )
-    return schedule
+    return RoundSchedule(clock.info, clock, tally)
 
 
 __all__ = ["RoundSchedule", "build", "clients_per_round", "malicious_below", "round_info"]
