@@ -267,10 +267,16 @@ def test_bad_client_updates_are_refused_in_the_task_and_the_round_equals_the_rou
 
 
 @pytest.mark.ray
-def test_ray_backend_equals_local_bit_for_bit(ray_session, tmp_path):
+@pytest.mark.parametrize("index", ["exact", "hnsw"])
+def test_ray_backend_equals_local_bit_for_bit(ray_session, tmp_path, index):
     """Per-client payloads, in-task reduction and the index on the Ray backend give exactly
-    the local backend's model (packing differs: Ray splits the round over tasks)."""
+    the local backend's model (packing differs: Ray splits the round over tasks). With HNSW
+    too: its graph is written by one thread (a parallel build links rows in whatever order
+    the threads reach them, and two Ray runs of one config differed)."""
     overrides = {"run__rounds": 3, "clients__per_round": 16}
+    if index == "hnsw":
+        pytest.importorskip("hnswlib")
+        overrides["index__backend"] = "hnsw"
     local = run(tiny_config(**overrides), tmp_path / "local", progress=False, tensorboard=False)
     remote = run(
         tiny_config(**overrides, runtime__backend="ray", clients__per_task=3),

@@ -212,6 +212,28 @@ def test_hnsw_relinks_only_rows_that_moved_far_and_rescores_exactly():
     np.testing.assert_array_equal(sims[same], exact_sims[same])
 
 
+def test_hnsw_graph_follows_rows_and_seed_alone_and_parallel_build_is_opt_in():
+    """The graph is written by one thread unless `parallel_build` (a parallel insertion links
+    rows in the order the threads reach them): two builds and updates give the same answers,
+    and a parallel build still answers; a non-boolean parallel_build is refused."""
+    rows = clustered(3000, 16, 30, 0.1, seed=9)
+    queries = np.arange(0, 3000, 7)
+    answers = []
+    for _ in range(2):
+        index = build_index("hnsw", 3000, 16, M=8, threads=2)
+        index.reset(rows)
+        index.update(np.arange(0, 3000, 5), rows[np.arange(1, 3000, 5)])
+        answers.append(index.search(queries, rows[queries], 5))
+    np.testing.assert_array_equal(answers[0][0], answers[1][0])
+    np.testing.assert_array_equal(answers[0][1], answers[1][1])
+    fast = build_index("hnsw", 3000, 16, M=8, threads=2, parallel_build=True)
+    fast.reset(rows)
+    ids, _ = fast.search(queries, rows[queries], 5)
+    assert (ids >= 0).all()
+    with pytest.raises(ConfigError, match="parallel_build"):
+        build_index("hnsw", 10, 4, parallel_build="yes")
+
+
 def test_ivf_with_few_probes_still_returns_k_and_retrains():
     rows = clustered(3000, 16, 30, 0.3, seed=6)
     index = build_index("faiss_ivf", 3000, 16, nlist=60, nprobe=1, retrain_every=2)

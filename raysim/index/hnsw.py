@@ -41,7 +41,15 @@ class HNSWIndex:
         extra: candidates fetched beyond k + 1 and re-scored (default max(8, k // 4)).
         relink_distance: re-link a changed row only when it moved more than this cosine
             distance since it was linked (default 0: always).
-        threads: threads for build, update and search (None: all CPUs of the process).
+        threads: threads for search (None: all CPUs of the process); also for build and
+            update with `parallel_build`.
+        parallel_build: insert rows with `threads` threads (default False: one). hnswlib's
+            parallel insertion links rows in the order its threads happen to reach them, so
+            the graph, the negatives it finds and the run's results change from run to run
+            (seen on the Ray backend: FedAwS's class rows differed between two runs of one
+            config). With one thread the graph follows from the rows and `seed` alone, and a
+            run is bit-identical across runs and backends; searches are read-only and stay
+            parallel. True trades that for a faster build of a large index.
         seed: seeds the graph's level assignment.
     """
 
@@ -57,6 +65,7 @@ class HNSWIndex:
         extra: int | None = None,
         relink_distance: float = 0.0,
         threads: int | None = None,
+        parallel_build: bool = False,
         seed: int = 0,
     ) -> None:
         try:
@@ -91,6 +100,10 @@ class HNSWIndex:
         self.extra = extra
         self.relink_distance = float(relink_distance)
         self.threads = -1 if threads is None else int(threads)
+        if not isinstance(parallel_build, bool):
+            raise ValueError(f"parallel_build must be true or false, got {parallel_build!r}")
+        # threads that write the graph (see parallel_build)
+        self.build_threads = self.threads if parallel_build else 1
         self.seed = int(seed)
         self.index = None
         self.rows: np.ndarray | None = None
@@ -113,7 +126,7 @@ class HNSWIndex:
             random_seed=self.seed,
         )
         if self.num_rows:
-            index.add_items(rows, np.arange(self.num_rows), num_threads=self.threads)
+            index.add_items(rows, np.arange(self.num_rows), num_threads=self.build_threads)
         self.index = index
         self.rows = rows.copy()
 
@@ -133,7 +146,7 @@ class HNSWIndex:
             self.skipped_rows += int((~far).sum())
             local, rows = local[far], rows[far]
         if local.size:  # existing labels: hnswlib replaces the vector and repairs the links
-            self.index.add_items(rows, local, num_threads=self.threads)
+            self.index.add_items(rows, local, num_threads=self.build_threads)
             self.relinked_rows += int(local.size)
 
     def search(
