@@ -9,7 +9,8 @@ torch builds, README "Your first run").
 
 `--cases NAME ...` runs some of them; `--list` names them. Each case is a config of configs/
 with overrides (few rounds, the local backend), covering every method family, the batched
-driver, the robust aggregators, simulated time (sync, deadline, FedBuff, FedAsync) and faults.
+driver, the robust aggregators, the HNSW index and simulated time (sync, deadline, FedBuff,
+FedAsync).
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "softmax_xml_bag_vmapped": (
         "fedaws_softmax_synthetic_xml.yaml",
         [*XML, "clients.batched=true"],
+    ),
+    "fedaws_xml_hnsw": (
+        "fedaws_synthetic_xml.yaml",
+        [*XML, "index.backend=hnsw", "index.options={relink_distance: 0.01}"],
     ),
     "softmax_xml": ("fedaws_softmax_synthetic_xml.yaml", XML),
     "fedaws_mlp": ("fedaws_fmnist.yaml", [*DIGITS_FEDAWS, "run.rounds=4"]),
