@@ -182,7 +182,7 @@ def run(
         server = ServerKeeper(backend, outputs.checkpoint_dir, restored, schedule.info)
         try:
             state, tally, wall_s = run_rounds(
-                config,
+                config.run,
                 backend,
                 outputs,
                 server,

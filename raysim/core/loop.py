@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raysim import interrupts
-from raysim.config import Config
+from raysim.config import RunConfig
 from raysim.core.faults import CapacityLost
 from raysim.core.run_record import RunTally, add_outcome, idle_reason, round_record
 from raysim.core.schedule import RoundSchedule
@@ -35,7 +35,7 @@ def _test_kill_hook() -> int | None:
 
 
 def run_rounds(
-    config: Config,
+    run: RunConfig,
     backend: Any,
     outputs: Any,
     server: Any,
@@ -46,14 +46,16 @@ def run_rounds(
     on_round: Callable[[dict[str, Any]], None] | None,
     bar: Any,
 ) -> tuple[ServerState, RunTally, float]:
-    """Rounds `first_round`..`run.rounds - 1` on the started `backend`, each logged to
+    """Rounds `first_round`..`run.rounds - 1` on the started `backend` (`run`: the config's
+    `run:` section, all the loop reads of it: rounds, evaluation and checkpoint cadence, the
+    idle-round bound), each logged to
     `outputs` (raysim.outputs.RunOutputs) and checkpointed when due; calls on the server go
     through `server.call(fn, rounds_done)` (raysim.assembly.recovery: a lost server is
     restarted). `schedule` (raysim.core.schedule) names each round's clients and, with
     `devices:`, writes each round's `sim` record. Returns the final state, the run's tally and
     the loop's wall time.
     A CapacityLost carries the rounds finished (`rounds_done`) out to the caller."""
-    rounds = config.run.rounds
+    rounds = run.rounds
     tally = RunTally(history)
     kill_after = _test_kill_hook()
     next_info = None
@@ -66,11 +68,7 @@ def run_rounds(
         # so a backend may dispatch them as soon as this round's model exists.
         last = round_index == rounds - 1
         next_info = None if last else schedule.info(round_index + 1)
-        evaluate = (
-            last
-            or (round_index + 1) % config.run.eval_every == 0
-            or round_index + 1 in config.run.eval_at
-        )
+        evaluate = last or (round_index + 1) % run.eval_every == 0 or round_index + 1 in run.eval_at
         server.new_round()
         try:
             stats = server.call(
@@ -93,7 +91,7 @@ def run_rounds(
         outputs.log_round(record)
         if on_round is not None:
             on_round(record)
-        every = config.run.checkpoint_every
+        every = run.checkpoint_every
         # SIGTERM: stop here, this round checkpointed (raysim.interrupts)
         stopping = interrupts.stop_requested() and not last
         if last or stopping or (every and (round_index + 1) % every == 0):
@@ -102,8 +100,8 @@ def run_rounds(
         if stopping:
             raise interrupts.Terminated
         idle = idle + [record] if not stats.model_updated else []
-        if config.run.max_idle_rounds and len(idle) >= config.run.max_idle_rounds:
-            raise RaysimError(idle_reason(idle, config.run.max_idle_rounds))
+        if run.max_idle_rounds and len(idle) >= run.max_idle_rounds:
+            raise RaysimError(idle_reason(idle, run.max_idle_rounds))
         if kill_after == round_index + 1:
             os.kill(os.getpid(), signal.SIGKILL)  # test hook: a driver killed mid-run
         if bar is not None:
