@@ -196,7 +196,7 @@ def train_one(
     if len(y):
         x, y = x.to(device), y.to(device)
         model.train()
-        loss = _local_sgd(step, model, extra, x, y, generator)
+        loss = _local_sgd(step, model, tensors, extra, x, y, generator)
     with torch.no_grad():
         parts = [t.detach().reshape(-1) for t in tensors]
         if extra is not None:
@@ -247,8 +247,9 @@ def _as_tensor(start, device: torch.device) -> torch.Tensor:
         return torch.from_numpy(array).to(device)
 
 
-def _local_sgd(step: ClientStep, model, extra, x, y, generator) -> float:
-    """E epochs of the step's optimizer over the client's batches (local_training)."""
+def _local_sgd(step: ClientStep, model, tensors, extra, x, y, generator) -> float:
+    """E epochs of the step's optimizer over the client's batches (local_training); `tensors`:
+    the model's tensors the client trains (trained_tensors)."""
     steps_per_epoch = -(-len(y) // step.batch_size)
     scheduler = None
     if step.optimizer is not None:
@@ -257,9 +258,12 @@ def _local_sgd(step: ClientStep, model, extra, x, y, generator) -> float:
         optimizer = fresh_sgd(
             model, lr=step.lr, momentum=step.momentum, weight_decay=step.weight_decay
         )
-    else:  # the extra values are a second parameter group at their own rate
+    else:  # the extra values are a second parameter group at their own rate; the first
+        # group is what the client trains (not, e.g., the full embedding-bag table that
+        # FedAwS's step model holds untrained beside its table of touched rows)
+        trained = list(model.parameters()) if step.trainable is None else tensors
         optimizer = torch.optim.SGD(
-            [{"params": list(model.parameters())}, {"params": [extra], "lr": step.extra_lr}],
+            [{"params": trained}, {"params": [extra], "lr": step.extra_lr}],
             lr=step.lr,
             momentum=step.momentum,
             weight_decay=step.weight_decay,
