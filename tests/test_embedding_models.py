@@ -83,6 +83,23 @@ def test_touched_rows_and_the_small_table_path_match_the_full_model():
         model.remap(torch.tensor([[5, 3]]), rows)
 
 
+def test_touched_rows_sorts_once_what_touched_feature_rows_and_remap_give():
+    model = small_bag()
+    generator = np.random.default_rng(0)
+    for shape, padding in [((5, 9), 0.3), ((3, 4), 0.0), ((4, 6), 1.0), ((0, 6), 0.0)]:
+        x = generator.integers(0, NUM_FEATURES, size=shape)
+        x[generator.random(shape) < padding] = PAD
+        x = torch.from_numpy(x.astype(np.int32))
+        rows, local = model.touched_rows(x)
+        want_rows = model.touched_feature_rows(x)
+        np.testing.assert_array_equal(rows, want_rows)
+        assert rows.dtype == np.int64 and local.dtype == torch.int64
+        assert torch.equal(local, model.remap(x, want_rows))
+    for bad in (-1, PAD + 1):
+        with pytest.raises(ValueError, match="feature ids outside"):
+            model.touched_rows(torch.tensor([[3, bad]]))
+
+
 def test_sparse_gradients_option():
     model = small_bag(sparse_gradients=True)
     model(torch.tensor([[1, 2, PAD]])).sum().backward()

@@ -81,3 +81,33 @@ def test_lean_sgd_skips_parameters_without_a_gradient_as_torch_does():
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
     assert torch.equal(lean.unused.weight, reference.unused.weight)
+
+
+def test_lean_sgd_with_parameter_groups_steps_each_group_at_its_rate_as_torch_does():
+    """The described client's extra values (FedAwS's class row) train in a second group at
+    their own rate; LeanSGD's groups give torch.optim.SGD's result bit for bit, with momentum
+    and weight decay, and a reset keeps each group's own rate."""
+    from raysim.core.training import LeanSGD
+
+    def groups_of(model):
+        first, second = list(model.children())[0], list(model.children())[2]
+        return [
+            {"params": list(first.parameters())},
+            {"params": list(second.parameters()), "lr": 0.5},
+        ]
+
+    torch.manual_seed(2)
+    lean = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    reference = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    reference.load_state_dict(lean.state_dict())
+    optimizer = LeanSGD(groups_of(lean), lr=0.1, momentum=0.9, weight_decay=0.01)
+    optimizer.reset(lr=0.1, momentum=0.9, weight_decay=0.01)
+    assert [group["lr"] for group in optimizer.param_groups] == [0.1, 0.5]
+    got = _train(lean, optimizer, seed=4)
+    want = _train(
+        reference,
+        torch.optim.SGD(groups_of(reference), lr=0.1, momentum=0.9, weight_decay=0.01),
+        seed=4,
+    )
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)

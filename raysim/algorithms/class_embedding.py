@@ -166,15 +166,16 @@ class ClassEmbeddingMethod(DescribedClient):
         updates = []
         for i, client_id in enumerate(trained.client_ids):
             row, note, y = trained.trained[i], trained.notes[i], trained.ys[i]
+            start = trained.starts[i]
             if note is None:  # all of theta trained, then the extra values
                 message = {"dense": DenseDelta(row[: len(theta)], theta)}
                 extra = row[len(theta) :]
             else:
                 dense, rows, extra = note.split(row, layout.bag_width)
                 message = {
-                    "dense": DenseDelta(dense, trained.starts[i].parts[0]),
+                    "dense": DenseDelta(dense, start.parts[0]),
                     "bag_ids": note.touched.astype(np.int32),
-                    "bag_rows": (rows - layout.bag_row_slice(theta, note.touched)).astype(
+                    "bag_rows": (rows - note.start_rows(start, layout.bag_width)).astype(
                         np.float32
                     ),
                 }

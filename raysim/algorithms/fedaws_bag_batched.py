@@ -2,10 +2,10 @@
 chunk of the client description that both drivers train (raysim.core.client_step).
 
 A client trains the dense layers, a small table of the bag rows its samples touch
-(`XMLEmbeddingBag.touched_feature_rows`; its ids re-indexed into the table by `remap`; the
-network run by `forward_rows`) and its own values beside theta (FedAwS: its class row; the
-oracle: its copy of W): the full table is never copied or reset. Its message carries the dense
-delta, the touched rows' ids and deltas, and those values (raysim.algorithms.fedaws_wire).
+(`XMLEmbeddingBag.touched_rows`: those rows, and the samples' ids re-indexed into the
+table; the network run by `forward_rows`) and its own values beside theta (FedAwS: its class
+row; the oracle: its copy of W): the full table is never copied or reset. Its message carries
+the dense delta, the touched rows' ids and deltas, and those values (raysim.algorithms.fedaws_wire).
 
 `bag_chunk` specialises the method's step to a chunk of such clients (one client for the
 sequential driver): the step's network is `_RowsNetwork`, the model's own `forward_rows` with
@@ -83,9 +83,12 @@ class _RowsNetwork(nn.Module):
     def with_width(self, width: int) -> _RowsNetwork:
         """This network, its table now `width` rows (values unset)."""
         bag = self.model.bag
-        if getattr(self, "rows", None) is None or len(self.rows) != width:
-            shape = (width, bag.embedding_dim)
+        shape = (width, bag.embedding_dim)
+        if getattr(self, "rows", None) is None:
             self.rows = nn.Parameter(torch.empty(shape, device=bag.weight.device))
+        elif len(self.rows) != width:  # the same parameter object, resized (no module
+            # bookkeeping per client: the sequential driver asks for a new width every client)
+            self.rows.data = torch.empty(shape, device=bag.weight.device)
         return self
 
     def forward(self, local_x: torch.Tensor) -> torch.Tensor:
@@ -162,6 +165,11 @@ class TableRows:
         table = trained[self.dense_size : table_end].reshape(self.width, bag_width)
         return trained[: self.dense_size], table[: len(self.touched)], trained[table_end:]
 
+    def start_rows(self, start: StartParts, bag_width: int) -> np.ndarray:
+        """The touched rows' values the client started from: its start's table piece (theta's
+        rows, as `bag_chunk` gathered them; not gathered from theta a second time)."""
+        return start.parts[1].reshape(self.width, bag_width)[: len(self.touched)]
+
 
 def bag_chunk(
     step: ClientStep,
@@ -176,11 +184,11 @@ def bag_chunk(
     each client's `TableRows`."""
     model, theta = step.model, payload.theta
     dense_theta = _dense_part(layout, payload)
-    touched = [model.touched_feature_rows(x) for x in xs]
+    touched, locals_ = zip(*(model.touched_rows(x) for x in xs), strict=True) if xs else ((), ())
     width = max(1, max((len(rows) for rows in touched), default=0))
     local_xs, starts = [], []
-    for x, rows, extra in zip(xs, touched, extras, strict=True):
-        local = model.remap(x, rows)  # padding -> len(rows), moved to the padded table's
+    for local, rows, extra in zip(locals_, touched, extras, strict=True):
+        # padding -> len(rows), moved to the padded table's
         local_xs.append(torch.where(local == len(rows), width, local))
         table = np.zeros((width, layout.bag_width), dtype=np.float32)
         table[: len(rows)] = layout.bag_row_slice(theta, rows)

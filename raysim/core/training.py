@@ -34,44 +34,65 @@ class LeanSGD:
     tensor operations in the same order on the same tensors, so the parameters come out bit
     for bit equal (tests/test_fast_paths.py checks it against torch.optim.SGD). Parameters
     without a gradient are skipped, as torch skips them. It offers what raysim's local
-    training uses of an optimizer: `step()`, `zero_grad()`, `param_groups` and `state`."""
+    training uses of an optimizer: `step()`, `zero_grad()`, `param_groups` and `state`.
 
-    def __init__(self, params: list[torch.Tensor], *, lr: float, momentum: float,
+    `params` is a list of tensors or, as torch takes them, of parameter groups
+    (`{"params": [...], "lr": ...}`): a group's own `lr` overrides the common one (FedAwS's
+    class row trains at its own rate beside theta)."""
+
+    def __init__(self, params: list, *, lr: float, momentum: float,
                  weight_decay: float) -> None:  # fmt: skip
-        self.param_groups = [{"params": list(params)}]
-        self.state: dict[int, torch.Tensor] = {}  # momentum buffers by parameter position
+        params = list(params)
+        if params and isinstance(params[0], dict):
+            self.param_groups = [{**group, "params": list(group["params"])} for group in params]
+        else:
+            self.param_groups = [{"params": params}]
+        self._own_lr = [group.get("lr") for group in self.param_groups]
+        self.state: dict[tuple[int, int], torch.Tensor] = {}  # momentum buffers by position
         self.reset(lr=lr, momentum=momentum, weight_decay=weight_decay)
 
     def reset(self, *, lr: float, momentum: float, weight_decay: float) -> None:
         """The state of a new optimizer with these hyperparameters."""
-        self.param_groups[0].update(lr=lr, momentum=momentum, weight_decay=weight_decay)
+        for group, own_lr in zip(self.param_groups, self._own_lr, strict=True):
+            group.update(
+                lr=lr if own_lr is None else own_lr, momentum=momentum, weight_decay=weight_decay
+            )
         self.state.clear()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for param in self.param_groups[0]["params"]:
-            if set_to_none:
-                param.grad = None
-            elif param.grad is not None:
-                param.grad.detach_().zero_()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if set_to_none:
+                    param.grad = None
+                elif param.grad is not None:
+                    param.grad.detach_().zero_()
 
     def step(self) -> None:
-        group = self.param_groups[0]
-        lr, momentum, weight_decay = group["lr"], group["momentum"], group["weight_decay"]
         with torch.no_grad():
-            for position, param in enumerate(group["params"]):
-                grad = param.grad
-                if grad is None:
-                    continue
-                if weight_decay != 0:
-                    grad = grad.add(param, alpha=weight_decay)
-                if momentum != 0:
-                    buffer = self.state.get(position)
-                    if buffer is None:
-                        buffer = self.state[position] = grad.detach().clone()
-                    else:
-                        buffer.mul_(momentum).add_(grad, alpha=1)
-                    grad = buffer
-                param.add_(grad, alpha=-lr)
+            for index, group in enumerate(self.param_groups):
+                lr, momentum = group["lr"], group["momentum"]
+                weight_decay = group["weight_decay"]
+                for position, param in enumerate(group["params"]):
+                    grad = param.grad
+                    if grad is None:
+                        continue
+                    if weight_decay != 0:
+                        grad = grad.add(param, alpha=weight_decay)
+                    if momentum != 0:
+                        buffer = self.state.get((index, position))
+                        if buffer is None:
+                            buffer = self.state[index, position] = grad.detach().clone()
+                        else:
+                            buffer.mul_(momentum).add_(grad, alpha=1)
+                        grad = buffer
+                    param.add_(grad, alpha=-lr)
+
+    @staticmethod
+    def takes(tensors) -> bool:
+        """Whether LeanSGD's step is torch's for `tensors` (dense CPU tensors: torch steps
+        them one tensor at a time; elsewhere torch's own SGD, whose foreach kernels are the
+        fast path)."""
+        return all(t.device.type == "cpu" and t.layout == torch.strided for t in tensors)
 
 
 def fresh_sgd(
@@ -88,7 +109,7 @@ def fresh_sgd(
     parameters = list(model.parameters())
     optimizer = _SGD_CACHE.get(model)
     if optimizer is None or not _same_tensors(optimizer.param_groups[0]["params"], parameters):
-        if all(p.device.type == "cpu" and p.layout == torch.strided for p in parameters):
+        if LeanSGD.takes(parameters):
             optimizer = LeanSGD(parameters, lr=lr, momentum=momentum, weight_decay=weight_decay)
         else:
             optimizer = torch.optim.SGD(

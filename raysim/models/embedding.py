@@ -91,6 +91,21 @@ class XMLEmbeddingBag(nn.Module):
             raise ValueError("x holds feature ids that are not in `rows`")
         return torch.from_numpy(np.where(found, local, len(rows)).astype(np.int64))
 
+    def touched_rows(self, x: torch.Tensor | np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        """`touched_feature_rows(x)` and `remap(x, rows)` from one sort of x's ids (a client's
+        start pays for it once, not twice)."""
+        ids = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+        values, inverse = np.unique(ids, return_inverse=True)
+        if len(values) and (values[0] < 0 or values[-1] > self.num_features):
+            raise ValueError(
+                f"x holds feature ids outside [0, {self.num_features}] (the padding id "
+                f"is {self.num_features})"
+            )
+        rows = values[: len(values) - int(len(values) > 0 and values[-1] == self.num_features)]
+        # the padding id, the largest, is the last unique value: its index is len(rows)
+        local = torch.from_numpy(inverse.reshape(ids.shape).astype(np.int64, copy=False))
+        return rows.astype(np.int64), local
+
     def forward_rows(self, local_x: torch.Tensor, rows_table: torch.Tensor) -> torch.Tensor:
         """forward() with the bag table replaced by `rows_table` = bag.weight[rows] (trainable).
 
