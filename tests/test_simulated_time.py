@@ -14,7 +14,6 @@ from raysim.assembly import resume, run
 from raysim.assembly.plan import plan_run
 from raysim.config import from_dict
 from raysim.core.schedule.profiles import read_trace
-from raysim.core.schedule.sync_clock import SimClock
 from raysim.data.datasets import load_dataset
 from raysim.errors import RaysimError
 
@@ -120,7 +119,7 @@ def test_an_offline_client_is_never_trained(tmp_path):
     )
     result = _run(config, tmp_path / "out")
     plan = plan_run(config, load_dataset(config))
-    clock = SimClock(config, np.diff(plan.split.offsets), plan.ctx)
+    clock = plan.rounds.clock  # the plan's simulated clock
     trained = np.concatenate([clock.info(r).client_ids for r in range(6)])
     assert len(trained) == result.summary["clients_done"]  # the run trained these
     # trace client 1 is clients 1, 4, 7, ... (client i takes row i mod 3)

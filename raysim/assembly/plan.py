@@ -65,15 +65,14 @@ def plan_run(
         client_state=attachments.client_state,
         index_builder=attachments.index_builder,
     )
-    schedule = None
-    if config.devices.asynchronous:  # the whole schedule, before anything starts
+    if config.devices.asynchronous:  # the method can run so, before anything is computed
         from raysim.core.async_aggregation import check_async
-        from raysim.core.schedule.async_events import AsyncSchedule
 
         algorithm = registry.algorithms.build(config.algorithm.name, **config.algorithm.options)
         check_async(algorithm, config)
-        schedule = AsyncSchedule(config, np.diff(split.offsets), ctx)
-    rounds = round_schedule.build(config, np.diff(split.offsets), ctx, schedule)
+    rounds = round_schedule.build(config, np.diff(split.offsets), ctx)
+    # an asynchronous run's whole event schedule (its clock), which the server weighs by
+    schedule = rounds.clock if config.devices.asynchronous else None
     return RunPlan(partition, split, ctx, schedule, rounds)
 
 

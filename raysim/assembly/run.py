@@ -20,7 +20,7 @@ from raysim.config import Config
 from raysim.core.backend import RuntimeAttachments, check_backend, check_started_backend
 from raysim.core.faults import CapacityLost
 from raysim.core.loop import run_rounds
-from raysim.core.schedule.sampling import clients_per_round
+from raysim.core.schedule import clients_per_round
 from raysim.core.state import ServerState
 from raysim.data.datasets import Dataset
 from raysim.errors import RaysimError

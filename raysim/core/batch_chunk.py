@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.core.schedule.sampling import clients_per_round
+from raysim.core.schedule import clients_per_round
 
 BYTES_PER_PARAMETER = 40  # the largest measured (SGD with momentum and a proximal term)
 # Forward outputs kept for the backward pass, their gradients, and one temporary.

@@ -7,8 +7,8 @@ simulated time. One contract for the round loop, built once per run by `build`:
 
 Three schedules stand behind it, one per file:
 
-- `sampling.py`: no `devices:`: the seed's sample of `clients.per_round` clients (the one
-  reading of that option, `clients_per_round`, which the other two start from too);
+- `sampling.py`: no `devices:`: the seed's sample of K = `clients.per_round` clients (read
+  once, by `clients_per_round` here, and handed to whichever schedule is built);
 - `sync_clock.py`: synchronous rounds on device profiles (`profiles.py`): the online clients
   drawn, their simulated durations, deadlines and over-selection, and their tally;
 - `async_events.py`: FedBuff / FedAsync: the event simulation, computed from the seed and the
@@ -24,9 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from raysim.core.schedule.sampling import clients_per_round, malicious_below, round_info
+from raysim.core.schedule.sampling import malicious_below, round_info
 from raysim.core.schedule.sync_clock import SimClock, SimTally
 from raysim.core.state import RoundInfo
+
+
+def clients_per_round(config: Any) -> int:
+    """K, the clients a synchronous round trains (and the default of FedBuff's buffer and of
+    the clients training at once asynchronously): the one place the config's
+    `clients.per_round` is read; `build` hands it to the schedule it builds."""
+    return int(config.clients.per_round)
 
 
 class RoundSchedule:
@@ -63,21 +70,20 @@ class RoundSchedule:
             )
 
 
-def build(config: Any, sizes: np.ndarray, ctx: Any, planned: Any = None) -> RoundSchedule:
+def build(config: Any, sizes: np.ndarray, ctx: Any) -> RoundSchedule:
     """The run's schedule for clients of `sizes` samples: the seed's sample without
     `devices:`, else the simulated clock and its tally (`resume_at` continues the tally over
-    the rounds before a resume). An asynchronous run's event simulation is `planned` when
-    given (the one the server's algorithm wrapper weighs updates by), else computed here."""
-    num_clients = len(sizes)
+    the rounds before a resume); an asynchronous run's `clock` is its whole event simulation
+    (async_events.AsyncSchedule, computed here before anything trains)."""
+    num_clients, per_round = len(sizes), clients_per_round(config)
     if not config.devices.enabled:
-        return RoundSchedule(functools.partial(round_info, config, num_clients))
+        return RoundSchedule(functools.partial(round_info, config, num_clients, per_round))
+    tally = SimTally(config.devices, num_clients)
+    clock = SimClock(config, sizes, ctx, per_round)  # the profiles and the durations
     if config.devices.asynchronous:  # FedBuff / FedAsync
         from raysim.core.schedule.async_events import AsyncSchedule, AsyncTally
 
-        clock = planned if planned is not None else AsyncSchedule(config, sizes, ctx)
-        tally = AsyncTally(config.devices, num_clients)
-    else:
-        clock, tally = SimClock(config, sizes, ctx), SimTally(config.devices, num_clients)
+        clock, tally = AsyncSchedule(config, clock), AsyncTally(tally)
     return RoundSchedule(clock.info, clock, tally)
 
 

@@ -52,8 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.core.schedule.sampling import clients_per_round
-from raysim.core.schedule.sync_clock import SimClock
+from raysim.core.schedule.sync_clock import SimClock, SimTally
 from raysim.core.state import RoundInfo
 from raysim.errors import RaysimError
 from raysim.seeds import async_sampling_rng
@@ -66,17 +65,6 @@ _FINISH, _OFFLINE, _LATE = 0, 1, 2
 def staleness_weight(staleness: np.ndarray | int, exponent: float) -> np.ndarray:
     """s(tau) = (1 + tau)^-a: 1 for a fresh update, smaller the more server steps it missed."""
     return (1.0 + np.asarray(staleness, dtype=np.float64)) ** -float(exponent)
-
-
-def buffer_size(config: Any) -> int:
-    devices = config.devices
-    if devices.aggregation == "fedasync":
-        return 1
-    return int(devices.buffer_size or clients_per_round(config))
-
-
-def concurrency(config: Any) -> int:
-    return int(config.devices.concurrency or clients_per_round(config))
 
 
 @dataclass(frozen=True)
@@ -119,17 +107,19 @@ class AsyncSchedule:
     """The whole asynchronous schedule of a run, computed from the seed and the profiles: its
     server steps (which clients land in each, on which version) and the version window."""
 
-    def __init__(self, config: Any, num_samples: np.ndarray, ctx: Any) -> None:
+    def __init__(self, config: Any, clock: SimClock) -> None:
+        """The schedule of `config`'s run on `clock`'s profiles and client durations (its
+        `per_round` K is the default of the buffer and of the clients training at once)."""
         self.config = config
         devices = config.devices
         self.exponent = devices.staleness_exponent
-        self.mixing = devices.mixing if devices.aggregation == "fedasync" else 1.0
         self.fedasync = devices.aggregation == "fedasync"
+        self.mixing = devices.mixing if self.fedasync else 1.0
         self.bound = devices.max_staleness
-        clock = SimClock(config, num_samples, ctx)  # the profiles and the durations
         self.flops_per_sample, self.payload_bytes = clock.flops_per_sample, clock.payload_bytes
         n = len(clock.num_samples)
-        k, c = buffer_size(config), concurrency(config)
+        k = 1 if self.fedasync else int(devices.buffer_size or clock.per_round)
+        c = int(devices.concurrency or clock.per_round)
         if k > n:
             raise RaysimError(
                 f"devices.buffer_size: {k} updates a server step, but the run has {n} clients "
@@ -183,7 +173,7 @@ class AsyncSchedule:
             if not m:
                 return
             chosen = np.sort(rng.choice(idle, size=m, replace=False)).astype(np.int64)
-            took = clock.durations(chosen)
+            took = clock.durations[chosen]
             for client, d in zip(chosen.tolist(), took.tolist(), strict=True):
                 until = profiles.online_until(client, t)
                 busy[client] = True
@@ -318,10 +308,8 @@ class AsyncTally:
     """summary.json's `sim` for an asynchronous run: the synchronous tally's facts plus the
     staleness distribution and every client's update count."""
 
-    def __init__(self, devices: Any, num_clients: int) -> None:
-        from raysim.core.schedule.sync_clock import SimTally
-
-        self.base = SimTally(devices, num_clients)
+    def __init__(self, base: SimTally) -> None:
+        self.base = base  # the synchronous tally's facts
         self.staleness: list[int] = []
         self.started = 0
 

@@ -1,5 +1,5 @@
-"""Which clients a round trains without simulated time: the seed's sample (and the attacker's
-pool), and the one reading of `clients.per_round` every schedule starts from."""
+"""Which clients a round trains without simulated time: the seed's sample of K clients (and
+the attacker's pool)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,6 @@ from raysim.core.state import RoundInfo
 from raysim.seeds import attacker_pool, sample_clients
 
 
-def clients_per_round(config: Any) -> int:
-    """K, the clients a synchronous round trains (and the default of FedBuff's buffer and of
-    the clients training at once asynchronously): the one place the config's
-    `clients.per_round` is read."""
-    return int(config.clients.per_round)
-
-
 def malicious_below(config: Any, num_clients: int) -> int:
     """Malicious clients are the lowest ids: this many (none unless an attack is configured)."""
     if config.attack.name == "none":
@@ -25,15 +18,15 @@ def malicious_below(config: Any, num_clients: int) -> int:
     return int(config.attack.fraction * num_clients)
 
 
-def round_info(config: Any, num_clients: int, round_index: int) -> RoundInfo:
-    """Round `round_index`'s clients (a function of the seed and the round alone) and, when a
-    round holds malicious clients, the colluding attacker's pool."""
+def round_info(config: Any, num_clients: int, per_round: int, round_index: int) -> RoundInfo:
+    """Round `round_index`'s `per_round` clients (a function of the seed and the round alone)
+    and, when a round holds malicious clients, the colluding attacker's pool."""
     below = malicious_below(config, num_clients)
     client_ids = sample_clients(
         config.run.seed,
         round_index,
         num_clients,
-        clients_per_round(config),
+        per_round,
         below,
         config.attack.redraw_majority,
     )

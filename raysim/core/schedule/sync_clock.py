@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from raysim.core.schedule.profiles import Profiles, read_trace, sampled_profiles
-from raysim.core.schedule.sampling import clients_per_round, info_of
+from raysim.core.schedule.sampling import info_of
 from raysim.core.state import RoundInfo
 from raysim.errors import RaysimError
 from raysim.seeds import sim_sampling_rng
@@ -77,9 +77,9 @@ def model_costs(ctx: Any) -> tuple[float, float]:
 class SimClock:
     """The simulated clock of a run: round r's clients and times, computed in order."""
 
-    def __init__(self, config: Any, num_samples: np.ndarray, ctx: Any) -> None:
+    def __init__(self, config: Any, num_samples: np.ndarray, ctx: Any, per_round: int) -> None:
         devices = config.devices
-        self.config, self.devices = config, devices
+        self.config, self.devices, self.per_round = config, devices, per_round
         self.num_samples = np.asarray(num_samples, dtype=np.float64)
         n = len(self.num_samples)
         if config.attack.name != "none" and config.attack.redraw_majority:
@@ -96,18 +96,14 @@ class SimClock:
             flops, payload = model_costs(ctx)
         self.flops_per_sample = devices.flops_per_sample or flops
         self.payload_bytes = devices.payload_bytes or payload
-        self.rounds: list[SimRound] = []
-
-    def durations(self, clients: np.ndarray) -> np.ndarray:
-        """Simulated seconds of `clients`' round: download + compute + upload."""
+        # every client's simulated seconds of a round (download + compute + upload): a
+        # function of its profile and its work only, computed once (elementwise, so a client's
+        # value is the same whichever clients it is computed with)
         p = self.profiles
-        work = self.num_samples[clients] * self.config.clients.local_epochs
-        compute = work * self.flops_per_sample / p.flops[clients]
-        return (
-            self.payload_bytes / p.download[clients]
-            + compute
-            + self.payload_bytes / p.upload[clients]
-        )
+        work = self.num_samples * config.clients.local_epochs
+        compute = work * self.flops_per_sample / p.flops
+        self.durations = self.payload_bytes / p.download + compute + self.payload_bytes / p.upload
+        self.rounds: list[SimRound] = []
 
     def round(self, round_index: int) -> SimRound:
         while len(self.rounds) <= round_index:
@@ -145,7 +141,7 @@ class SimClock:
         return info_of(self.config, len(self.num_samples), round_index, ids)
 
     def _plan(self, round_index: int, start: float, attempt: int) -> SimRound:
-        devices, k = self.devices, clients_per_round(self.config)
+        devices, k = self.devices, self.per_round
         start = self.profiles.next_online(start)
         if math.isinf(start):
             raise RaysimError(
@@ -156,7 +152,7 @@ class SimClock:
         rng = sim_sampling_rng(self.config.run.seed, round_index, attempt)
         wanted = min(len(online), math.ceil(k * (1.0 + devices.over_selection) - 1e-9))
         chosen = np.sort(rng.choice(online, size=wanted, replace=False)).astype(np.int64)
-        took = self.durations(chosen)
+        took = self.durations[chosen]
         until = np.array([self.profiles.online_until(int(c), start) for c in chosen])
         offline = until < start + took
         deadline = devices.deadline_s or math.inf
