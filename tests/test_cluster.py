@@ -80,12 +80,14 @@ def test_two_node_cluster_runs_clients_on_both_nodes(tmp_path, monkeypatch):
             "everything.yaml",
             root / "plugins",
             ROUNDS,
-            # tasks every round (automatic packing may train small rounds in the server actor),
-            # long enough to overlap: 3 tasks of 2 clients a round for the 2 nodes' single CPUs,
-            # so the head cannot take them all at once and Ray must spread them (with 2 tasks a
-            # round, 5 clients and 1, the short one could wait for the head's CPU: seen once)
+            # tasks every round (automatic packing may train small rounds in the server actor):
+            # 3 tasks of 2 clients a round under Ray's SPREAD scheduling, so both nodes train
+            # (Ray's default could queue them all on the head's CPU: seen twice on a loaded
+            # machine, with 2 tasks a round and with 3)
             extra=[
                 *POINTS,
+                "--set",
+                "runtime.spread_tasks=true",
                 "--set",
                 "clients.per_task=2",
                 "--set",

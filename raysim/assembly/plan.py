@@ -65,11 +65,8 @@ def plan_run(
         client_state=attachments.client_state,
         index_builder=attachments.index_builder,
     )
-    if config.devices.asynchronous:  # the method can run so, before anything is computed
-        from raysim.core.async_aggregation import check_async
-
-        algorithm = registry.algorithms.build(config.algorithm.name, **config.algorithm.options)
-        check_async(algorithm, config)
+    # (whether the method can run asynchronously is asked where it is wrapped so, when the
+    # server builds it: raysim.core.async_aggregation)
     rounds = round_schedule.build(config, np.diff(split.offsets), ctx)
     # an asynchronous run's whole event schedule (its clock), which the server weighs by
     schedule = rounds.clock if config.devices.asynchronous else None

@@ -56,6 +56,10 @@ class RuntimeConfig:
     # Start Ray's dashboard with a Ray that raysim starts (a cluster it joins keeps its own).
     # Off saves its process (~4 s of CPU at start, and its polling): batch sweeps, tests.
     dashboard: bool = True
+    # A round's client tasks under Ray's SPREAD scheduling: over the cluster's nodes in turn,
+    # instead of Ray's default, which fills the submitting node (the server's) first and
+    # spills over only when it is busy.
+    spread_tasks: bool = False
 
     def check(self, source: str, resolve: bool = True) -> None:
         require(

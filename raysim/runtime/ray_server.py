@@ -62,7 +62,11 @@ class ServerActor:
         # leaves a broken worker for later tasks).
         task = _client_task if self.deadline_s is None else _timed_client_task
         self.task = task.options(
-            num_cpus=clients.num_cpus, num_gpus=num_gpus, max_retries=0, retry_exceptions=False
+            num_cpus=clients.num_cpus,
+            num_gpus=num_gpus,
+            max_retries=0,
+            retry_exceptions=False,
+            scheduling_strategy="SPREAD" if ctx.config.runtime.spread_tasks else "DEFAULT",
         )
         self.capacity = CapacityWatch(clients.num_cpus, num_gpus)
         self.faults = FaultPlan.from_config(ctx.config)
