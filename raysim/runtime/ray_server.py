@@ -9,6 +9,7 @@ Per round the actor puts the global payload once and every client task reads it 
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +32,21 @@ from raysim.runtime.ray_tasks import _client_task, _timed_client_task, train_wit
 # Payloads up to Ray's default inline size (100 KiB) go inside the task spec by value, which is
 # cheaper than a put (~1 ms here); larger ones are put in the object store once per round.
 INLINE_PAYLOAD_BYTES = 100 * 1024
+
+
+def spread_allowed() -> bool:
+    """Whether client tasks may be spread over the nodes (`runtime.spread_tasks`): not inside
+    a placement group (a Tune trial), whose bundles already say where its tasks run; one line
+    says so."""
+    if ray.util.get_current_placement_group() is None:
+        return True
+    print(
+        "raysim: runtime.spread_tasks is not used inside a placement group (a Tune trial): "
+        "the trial's tasks run on its own resources",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
 
 
 @ray.remote(num_cpus=0)
@@ -61,12 +77,17 @@ class ServerActor:
         # KeyboardInterrupt anywhere in the task, even inside a module's first import, and
         # leaves a broken worker for later tasks).
         task = _client_task if self.deadline_s is None else _timed_client_task
+        options = {}
+        if ctx.config.runtime.spread_tasks and spread_allowed():
+            # (no strategy named otherwise: an explicit one, even "DEFAULT", would take the
+            # tasks out of a Tune trial's placement group, where they would wait forever)
+            options["scheduling_strategy"] = "SPREAD"
         self.task = task.options(
             num_cpus=clients.num_cpus,
             num_gpus=num_gpus,
             max_retries=0,
             retry_exceptions=False,
-            scheduling_strategy="SPREAD" if ctx.config.runtime.spread_tasks else "DEFAULT",
+            **options,
         )
         self.capacity = CapacityWatch(clients.num_cpus, num_gpus)
         self.faults = FaultPlan.from_config(ctx.config)
