@@ -184,10 +184,11 @@ def bag_chunk(
     each client's `TableRows`."""
     model, theta = step.model, payload.theta
     dense_theta = _dense_part(layout, payload)
-    touched, locals_ = zip(*(model.touched_rows(x) for x in xs), strict=True) if xs else ((), ())
+    pairs = [model.touched_rows(x) for x in xs]  # (touched rows, x re-indexed into them)
+    touched = [rows for rows, _ in pairs]
     width = max(1, max((len(rows) for rows in touched), default=0))
     local_xs, starts = [], []
-    for local, rows, extra in zip(locals_, touched, extras, strict=True):
+    for (rows, local), extra in zip(pairs, extras, strict=True):
         # padding -> len(rows), moved to the padded table's
         local_xs.append(torch.where(local == len(rows), width, local))
         table = np.zeros((width, layout.bag_width), dtype=np.float32)

@@ -37,14 +37,18 @@ class RunPlan:
     partition: PartitionResult  # the partitioner's whole answer (training + validation rows)
     split: ClientSplit  # each client's training rows
     ctx: RunContext  # the config, the data's shapes and the per-client validation rows
-    # devices.aggregation fedbuff | fedasync: the whole event schedule, computed before
-    # anything trains (raysim.core.schedule.async_events.AsyncSchedule); it rides in the
-    # server's data (raysim.core.server.ServerData), not in the context every worker gets
-    schedule: Any = None
     # which clients train in each round (and with `devices:`, when): the run's one
     # raysim.core.schedule.RoundSchedule, which the round loop and the replays after a lost
-    # server follow (an asynchronous run's is built on `schedule`)
+    # server follow
     rounds: Any = None
+
+    @property
+    def schedule(self) -> Any:
+        """devices.aggregation fedbuff | fedasync: the whole event schedule, computed before
+        anything trains (`rounds`' clock, raysim.core.schedule.async_events.AsyncSchedule); it
+        rides in the server's data (raysim.core.server.ServerData), not in the context every
+        worker gets. None otherwise."""
+        return self.rounds.clock if self.ctx.config.devices.asynchronous else None
 
 
 def plan_run(
@@ -68,9 +72,7 @@ def plan_run(
     # (whether the method can run asynchronously is asked where it is wrapped so, when the
     # server builds it: raysim.core.async_aggregation)
     rounds = round_schedule.build(config, np.diff(split.offsets), ctx)
-    # an asynchronous run's whole event schedule (its clock), which the server weighs by
-    schedule = rounds.clock if config.devices.asynchronous else None
-    return RunPlan(partition, split, ctx, schedule, rounds)
+    return RunPlan(partition, split, ctx, rounds)
 
 
 def check_local_steps(config: Config, split: ClientSplit) -> None:
