@@ -103,3 +103,40 @@ def test_ray_backend_store_matches_local(tmp_path, ray_session):
     assert set(local.state.arrays) == set(remote.state.arrays)
     for key, value in local.state.arrays.items():
         np.testing.assert_array_equal(value, remote.state.arrays[key], err_msg=key)
+
+
+def test_a_backend_without_a_store_is_refused_for_a_method_that_keeps_client_state(tmp_path):
+    """A backend brings the client-state store (RuntimeAttachments.client_state); a plug-in
+    that brings none, for a method that keeps per-client state, is refused in one line when
+    the server is built, before any round trains (not an AttributeError inside a client)."""
+    from raysim import registry
+    from raysim.core.backend import RuntimeAttachments
+    from raysim.errors import ConfigError
+    from raysim.runtime.local import LocalBackend
+
+    original_start = vars(LocalBackend)["start"].__func__
+
+    class BringsNothing(LocalBackend):
+        @classmethod
+        def start(cls, config, address, prepare):
+            def without_store(dataset, attachments):
+                return prepare(dataset, RuntimeAttachments())
+
+            return original_start(cls, config, address, without_store)
+
+    registry.backends.register("no_store_test", BringsNothing)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            run(
+                make_config(**{"runtime.backend": "no_store_test"}),
+                tmp_path / "out",
+                progress=False,
+                tensorboard=False,
+            )
+    finally:
+        registry.backends.unregister("no_store_test")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "'personal_classifier' keeps per-client state" in message
+    assert "'no_store_test' backend brought no client-state store" in message
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

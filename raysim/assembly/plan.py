@@ -51,16 +51,18 @@ class RunPlan:
         return self.rounds.clock if self.ctx.config.devices.asynchronous else None
 
 
-def plan_run(
-    config: Config, dataset: Dataset, attachments: RuntimeAttachments | None = None
-) -> RunPlan:
+def plan_run(config: Config, dataset: Dataset) -> RunPlan:
+    """The plan of a run in this process (what the local backend brings: a client-state store
+    here when the algorithm uses one), for scripts that split a dataset as a run would."""
+    return plan_with(config, dataset, RuntimeAttachments(client_state=store_for(config, "local")))
+
+
+def plan_with(config: Config, dataset: Dataset, attachments: RuntimeAttachments) -> RunPlan:
     """Partition `dataset` for `config` once (read from `partition.cache_dir` when cached),
     check the client step bound, and build the run context, once, with what the backend
-    brings (`attachments`: its client-state store, index builder and granted GPUs; None: the
-    in-process defaults, a client-state store in this process when the algorithm uses one)."""
-    if attachments is None:
-        attachments = RuntimeAttachments(client_state=store_for(config, "local"))
-    config = attachments.granted(config)
+    brings (`attachments`: its client-state store, index builder and granted GPUs). Backends
+    call it through the assembly's `prepare` (raysim.core.backend)."""
+    config = with_granted_gpus(config, attachments)
     partition = partition_for_run(config, dataset)
     split = partition.train
     check_local_steps(config, split)
@@ -73,6 +75,20 @@ def plan_run(
     # server builds it: raysim.core.async_aggregation)
     rounds = round_schedule.build(config, np.diff(split.offsets), ctx)
     return RunPlan(partition, split, ctx, rounds)
+
+
+def with_granted_gpus(config: Config, attachments: RuntimeAttachments) -> Config:
+    """`config` with the GPUs the backend could grant (`attachments.clients_num_gpus` /
+    `server_num_gpus`; unchanged when nothing was cut): the run's context carries what runs."""
+    clients_gpus, server_gpus = attachments.clients_num_gpus, attachments.server_num_gpus
+    if clients_gpus is None and server_gpus is None:
+        return config
+    clients, server = config.clients, config.server
+    if clients_gpus is not None:
+        clients = dataclasses.replace(clients, num_gpus=clients_gpus)
+    if server_gpus is not None:
+        server = dataclasses.replace(server, num_gpus=server_gpus)
+    return dataclasses.replace(config, clients=clients, server=server)
 
 
 def check_local_steps(config: Config, split: ClientSplit) -> None:
@@ -91,47 +107,43 @@ def check_local_steps(config: Config, split: ClientSplit) -> None:
 def run_context(config: Config, dataset: Dataset, partition: PartitionResult) -> RunContext:
     """The context of a run on `dataset` split as `partition`: shapes, registered plug-ins, and
     each client's validation rows of the test split (and of the validation split, placed on
-    the clients by the same partitioner and seed)."""
-    ctx = RunContext(
+    the clients by the same partitioner and seed: partition_for_run)."""
+    placed = partition.validation is not None
+    return RunContext(
         config,
         tuple(dataset.train_x.shape[1:]),
         dataset.num_classes,
         dataset.num_features,
         plugins=registry.snapshot(),  # names registered in this process, for the workers
         multilabel=np.ndim(dataset.train_y) == 2,
+        client_validation=partition.validation,
+        client_validation_of_val=partition.validation_of_val if placed else None,
     )
-    if partition.validation is None:
-        return ctx
-    ctx = dataclasses.replace(ctx, client_validation=partition.validation)
-    if partition.validation_of_val is not None:  # placed in the partitioner's one call
-        return dataclasses.replace(ctx, client_validation_of_val=partition.validation_of_val)
-    if dataset.val_x is not None:  # a partitioner that places the test rows only: the
-        # validation rows placed on clients the same way, by a second call
-        as_test = dataclasses.replace(dataset, test_x=dataset.val_x, test_y=dataset.val_y)
-        part = config.partition
-        placed = split_dataset(
-            as_test,
-            part.name,
-            part.num_clients,
-            purpose_seed(config.run.seed, PARTITION),
-            part.options,
-        )
-        ctx = dataclasses.replace(ctx, client_validation_of_val=placed.validation)
-    return ctx
 
 
 def partition_for_run(config: Config, dataset: Dataset) -> PartitionResult:
     """The run's partition (`partition:` section, the run's partition seed), read from the
-    parquet cache in `partition.cache_dir` when it has it (and written there when it has not)."""
+    parquet cache in `partition.cache_dir` when it has it (and written there when it has not),
+    with the clients' rows of the validation split where the clients hold test rows."""
     part = config.partition
-    sections = config.to_dict()
+    seed = purpose_seed(config.run.seed, PARTITION)
 
-    def compute() -> PartitionResult:
-        seed = purpose_seed(config.run.seed, PARTITION)
-        return split_dataset(dataset, part.name, part.num_clients, seed, part.options)
+    def place(rows_of: Dataset) -> PartitionResult:  # the partitioner's one call site
+        return split_dataset(rows_of, part.name, part.num_clients, seed, part.options)
+
+    def with_validation_of_val(result: PartitionResult) -> PartitionResult:
+        # A partitioner that places the test rows only (the built-in multi-label ones place
+        # all three in one call): the validation split's rows placed on the clients the same
+        # way, by a second call with them as the test set.
+        if result.validation is None or result.validation_of_val is not None:
+            return result
+        if dataset.val_x is None:
+            return result
+        as_test = dataclasses.replace(dataset, test_x=dataset.val_x, test_y=dataset.val_y)
+        return dataclasses.replace(result, validation_of_val=place(as_test).validation)
 
     if not part.cache_dir:
-        return compute()
+        return with_validation_of_val(place(dataset))
     from raysim.data.store import load_split, save_split, split_cache_key
 
     identity = {
@@ -140,7 +152,7 @@ def partition_for_run(config: Config, dataset: Dataset) -> PartitionResult:
         "options": options_with_defaults(part.name, part.options),
     }
     key = split_cache_key(
-        data=sections["data"],
+        data=config.to_dict()["data"],
         partition=identity,
         seed=config.run.seed,
         num_train=len(dataset.train_y),
@@ -159,8 +171,8 @@ def partition_for_run(config: Config, dataset: Dataset) -> PartitionResult:
             validation, _ = load_split(
                 validation_path, num_clients=part.num_clients, num_rows=len(dataset.test_y)
             )
-            return PartitionResult(train, validation)
-    result = compute()
+            return with_validation_of_val(PartitionResult(train, validation))
+    result = place(dataset)
     metadata = {
         "dataset": dataset.name,
         "partition": part.name,
@@ -170,4 +182,4 @@ def partition_for_run(config: Config, dataset: Dataset) -> PartitionResult:
     if result.validation is not None:  # first: a training file implies its validation
         save_split(validation_path, result.validation, metadata)
     save_split(path, result.train, metadata)
-    return result
+    return with_validation_of_val(result)

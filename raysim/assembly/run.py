@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from raysim import interrupts, registry
-from raysim.assembly.plan import RunPlan, plan_run
+from raysim.assembly.plan import RunPlan, plan_with
 from raysim.assembly.recovery import ServerKeeper
 from raysim.assembly.resume import check_resume_config, find_resume_point, resume_config
 from raysim.config import Config
-from raysim.core.backend import RuntimeAttachments, check_backend, check_started_backend
+from raysim.core.backend import RuntimeAttachments, start_checked
 from raysim.core.faults import CapacityLost
 from raysim.core.loop import run_rounds
 from raysim.core.schedule import clients_per_round
@@ -47,18 +47,15 @@ def start_planned(config: Config, address: str | None) -> tuple[Any, Dataset, Ru
     """`start_backend`, with the dataset the backend loaded and the plan it was handed: the
     assembly keeps these rather than reading them back from the backend."""
     name = "ray" if address and config.runtime.backend == "local" else config.runtime.backend
-    backend_class = registry.backends.get(name)
-    check_backend(backend_class, name)
-
     planned: list[tuple[Dataset, RunPlan]] = []
 
     def prepare(dataset: Dataset, attachments: RuntimeAttachments | None = None) -> RunPlan:
-        plan = plan_run(config, dataset, attachments)
+        # (None: a backend that brings nothing; a method with client state is then refused)
+        plan = plan_with(config, dataset, attachments or RuntimeAttachments())
         planned.append((dataset, plan))
         return plan
 
-    backend = backend_class.start(config, address, prepare)
-    check_started_backend(backend, name)
+    backend = start_checked(registry.backends.get(name), name, config, address, prepare)
     if len(planned) != 1:  # (a backend plug-in that planned twice, or not at all)
         backend.shutdown()
         raise RaysimError(
@@ -169,11 +166,6 @@ def run(
         logdir = shlex.quote(str(Path(out_dir) / "tensorboard"))  # a folder may hold spaces
         print(f"TensorBoard: tensorboard --logdir {logdir}", flush=True)
     first_round = restored.round if restored is not None else 0
-    bar = None
-    if progress:  # a bar on a terminal, a line every 10 s in a log (raysim.progress)
-        from raysim.progress import Progress
-
-        bar = Progress(config.run.rounds, first_round)
     try:
         # Which clients train in each round: the devices' clock when the run has one, else the
         # seed's sample, planned once. The loop and the replays after a lost server follow it.
@@ -190,7 +182,7 @@ def run(
                 first_round=first_round,
                 history=history,
                 on_round=on_round,
-                bar=bar,
+                progress=progress,
             )
         except CapacityLost as error:
             if error.rounds_done is None:  # not raised by a round
@@ -222,8 +214,6 @@ def run(
             print(placement_text(placement), file=sys.stderr, flush=True)
         summary = outputs.write_summary(summary)  # + the run's environment record
     finally:
-        if bar is not None:
-            bar.close()
         outputs.close()
         backend.shutdown()
     return RunResult(state=state, summary=summary, out_dir=Path(out_dir))

@@ -62,20 +62,11 @@ class RuntimeAttachments:
     clients_num_gpus: float | None = None
     server_num_gpus: float | None = None
 
-    def granted(self, config: Any) -> Any:
-        """`config` with the GPUs granted (unchanged when nothing was cut)."""
-        if self.clients_num_gpus is None and self.server_num_gpus is None:
-            return config
-        clients, server = config.clients, config.server
-        if self.clients_num_gpus is not None:
-            clients = dataclasses.replace(clients, num_gpus=self.clients_num_gpus)
-        if self.server_num_gpus is not None:
-            server = dataclasses.replace(server, num_gpus=self.server_num_gpus)
-        return dataclasses.replace(config, clients=clients, server=server)
 
-
-# prepare(dataset, attachments=None) -> the run's RunPlan (raysim.assembly.plan), supplied by
-# the assembly; None: the in-process defaults (a client-state store in this process).
+# prepare(dataset, attachments=None) -> the run's RunPlan (raysim.assembly.plan.plan_with),
+# supplied by the assembly; None: the backend brings nothing, RuntimeAttachments() (a method
+# with per-client state then needs `client_state=store_for(config, "local")`, else the server
+# refuses it in one line).
 Prepare = Callable[..., Any]
 
 
@@ -136,6 +127,17 @@ def check_backend(backend_class: Any, name: str) -> None:
             f"backend '{name}' ({getattr(backend_class, '__name__', backend_class)}) lacks "
             f"{', '.join(missing)} (see raysim.core.backend)"
         )
+
+
+def start_checked(
+    backend_class: Any, name: str, config: Any, address: str | None, prepare: Prepare
+) -> Backend:
+    """`backend_class.start(config, address, prepare)`, the class checked before
+    (`check_backend`) and the started backend after (`check_started_backend`)."""
+    check_backend(backend_class, name)
+    backend = backend_class.start(config, address, prepare)
+    check_started_backend(backend, name)
+    return backend
 
 
 def check_started_backend(backend: Any, name: str) -> None:

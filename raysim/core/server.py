@@ -124,6 +124,12 @@ class Server:
         self.algorithm = build_algorithm(ctx, data.schedule)
         self.hooks = AlgorithmHooks.of(self.algorithm)
         self.reduces_in_task = self.hooks.reduces_in_task
+        if self.hooks.uses_client_state and ctx.client_state is None:
+            raise ConfigError(
+                f"algorithm '{ctx.config.algorithm.name}' keeps per-client state, and the "
+                f"'{ctx.config.runtime.backend}' backend brought no client-state store "
+                "(RuntimeAttachments.client_state: raysim.runtime.client_state.store_for)"
+            )
         if self.reduces_in_task:
             if ctx.config.aggregator.name != "auto":
                 raise ConfigError(
