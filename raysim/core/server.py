@@ -398,15 +398,21 @@ class Server:
         if stats.clients_done:
             stats.update_norm_mean = fold.norm_sum / stats.clients_done
         if evaluate:
-            started = time.perf_counter()
-            stats.eval = self.evaluate()
-            if self.val_x is not None:  # per-client rows (if any) of the validation split
-                ctx = self.ctx
-                if ctx.client_validation is not None:
-                    ctx = dataclasses.replace(ctx, client_validation=ctx.client_validation_of_val)
-                stats.val = self.algorithm.evaluate(self.state, self.val_x, self.val_y, ctx)
-            stats.evaluate_s = time.perf_counter() - started
+            self.add_evaluation(stats)
         return stats
+
+    def add_evaluation(self, stats: RoundStats) -> None:
+        """The state's evaluation on the test split (and the validation split, when there is
+        one) into `stats`, with the seconds it took: a pure function of the state, so a round
+        evaluated after its end (RayBackend's round run ahead) gets the same numbers."""
+        started = time.perf_counter()
+        stats.eval = self.evaluate()
+        if self.val_x is not None:  # per-client rows (if any) of the validation split
+            ctx = self.ctx
+            if ctx.client_validation is not None:
+                ctx = dataclasses.replace(ctx, client_validation=ctx.client_validation_of_val)
+            stats.val = self.algorithm.evaluate(self.state, self.val_x, self.val_y, ctx)
+        stats.evaluate_s = time.perf_counter() - started
 
     def _checked_update(self, returned: Any) -> tuple[ServerState, dict[str, float]]:
         """server_update's `(state, diagnostics)`: the next state and the seconds of the server

@@ -98,6 +98,8 @@ class ServerActor:
         self._prefetched: tuple[int, float, list, list] | None = None
         # A small next round's training, started on a thread (see _run_round_here).
         self._prefetched_here: tuple[int, Future] | None = None
+        # The state before a round run ahead (run_round_ahead), for get_state(as_of).
+        self._before_ahead: ServerState | None = None
         self._trainer: ThreadPoolExecutor | None = None
         self.metrics = RoundMetrics(ctx.config.run.name)  # Ray dashboard: rounds, updates, bytes
         self.nodes: Counter[str] = Counter()  # client tasks per node id
@@ -231,14 +233,43 @@ class ServerActor:
                 self._prefetched_here = (next_info.round_index, future)
         return stats
 
-    def get_state(self) -> ServerState:
-        return self.server.get_state()
+    def run_round_ahead(self, info: RoundInfo) -> RoundStats | None:
+        """A small round the driver queued behind the one before it (RayBackend runs such
+        rounds one ahead, so its call's round trip and its logging overlap this round). It
+        runs only on the state the round before ended with (after a failed round the state
+        is older: nothing runs, None), trains here, evaluates nothing (`evaluation` does when
+        the round is asked for), and keeps a copy of the state before it for `get_state`
+        (a checkpoint of the round before, e.g. when the run stops there on SIGTERM)."""
+        if self.server.get_state().round != info.round_index:
+            return None
+        self._before_ahead = self.server.get_state().copy()
+        return self._run_round_here(info, False, None)
+
+    def evaluation(self) -> RoundStats:
+        """The current state's evaluation (test and validation splits, its seconds)."""
+        stats = RoundStats()
+        self.server.add_evaluation(stats)
+        return stats
+
+    def get_state(self, as_of: int | None = None) -> ServerState:
+        """The state after round `as_of` (None: the current one): the copy kept before a
+        round run ahead when the driver has not taken that round yet."""
+        state = self.server.get_state()
+        if as_of is None or state.round == as_of:
+            return state
+        if self._before_ahead is not None and self._before_ahead.round == as_of:
+            return self._before_ahead
+        raise RuntimeError(f"the server holds round {state.round}'s state, not round {as_of}'s")
 
     def set_state(self, state: ServerState) -> None:
         self.server.set_state(state)
         self._prefetched = None  # dispatched against the old payload
         self._prefetched_here = None
+        self._before_ahead = None
         self._publish_payload()
+
+    def state_nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.server.get_state().arrays.values())
 
     def peak_rss_bytes(self) -> int:
         return peak_rss_bytes()

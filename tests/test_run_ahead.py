@@ -1,0 +1,130 @@
+"""Small rounds trained in the Ray server actor run one ahead (RayBackend.run_round): the
+actor runs round t+1 while round t's call returns and the driver logs, instead of waiting a
+round trip for the driver's next call. Nothing of that may show: every round's record, every
+checkpoint and the final state equal the local backend's bit for bit, on evaluated rounds
+too; a run stopped after round t (SIGTERM) while round t+1 already ran in the actor
+checkpoints round t, and its resume ends where an uninterrupted run does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raysim import config as config_module
+from raysim import interrupts
+from raysim.assembly import resume, run
+from raysim.outputs.checkpoints import checkpoint_paths, load_checkpoint
+from raysim.runtime.ray_backend import RayBackend
+
+ROUNDS = 6
+
+
+def _config(backend: str, **run_settings):
+    return config_module.from_dict(
+        {
+            "run": {
+                "name": "ahead",
+                "rounds": ROUNDS,
+                "checkpoint_every": 1,
+                "keep_checkpoints": ROUNDS,
+                "eval_every": 2,
+                **run_settings,
+            },
+            "data": {"name": "digits"},
+            "partition": {"name": "iid", "num_clients": 40},
+            "clients": {"per_round": 4, "local_epochs": 1, "batch_size": 16},
+            "model": {"name": "mlp", "hidden": [16]},
+            "algorithm": {"name": "fedavg"},
+            "runtime": {"backend": backend},
+        }
+    )
+
+
+def _in_server_and_counted(monkeypatch) -> list[bool]:
+    """Every round after the first trains in the server actor; returns the list that records
+    each answer of RayBackend._runs_ahead (so a test sees that rounds did run ahead)."""
+    monkeypatch.setattr(RayBackend, "_place", lambda self, round_index: round_index >= 1)
+    answers: list[bool] = []
+    original = RayBackend._runs_ahead
+
+    def counted(self) -> bool:
+        answers.append(original(self))
+        return answers[-1]
+
+    monkeypatch.setattr(RayBackend, "_runs_ahead", counted)
+    return answers
+
+
+def _records(out: Path) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [{k: json.loads(line).get(k) for k in ("round", "eval", "train_loss")} for line in lines]
+
+
+def _checkpoints(out: Path) -> dict[int, dict[str, np.ndarray]]:
+    states = [load_checkpoint(path)[0] for path in checkpoint_paths(out / "checkpoints")]
+    return {state.round: state.arrays for state in states}
+
+
+def _assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.ray
+def test_rounds_run_ahead_in_the_server_actor_equal_the_local_backend(
+    ray_session, tmp_path, monkeypatch
+):
+    answers = _in_server_and_counted(monkeypatch)
+    on_ray = run(_config("ray"), tmp_path / "ray", progress=False, tensorboard=False)
+    local = run(_config("local"), tmp_path / "local", progress=False, tensorboard=False)
+    assert answers.count(True) >= ROUNDS - 2  # rounds 2.. were queued ahead
+    assert on_ray.summary["placement"]["clients_in_server_actor"] == (ROUNDS - 1) * 4
+    records = _records(tmp_path / "ray")
+    assert records == _records(tmp_path / "local")
+    assert [bool(r["eval"]) for r in records] == [r % 2 == 0 for r in range(1, ROUNDS + 1)]
+    on_ray_checkpoints = _checkpoints(tmp_path / "ray")
+    local_checkpoints = _checkpoints(tmp_path / "local")
+    assert sorted(on_ray_checkpoints) == list(range(1, ROUNDS + 1))
+    for round_done, arrays in local_checkpoints.items():
+        _assert_same_arrays(on_ray_checkpoints[round_done], arrays)
+    _assert_same_arrays(on_ray.state.arrays, local.state.arrays)
+
+
+@pytest.mark.ray
+def test_a_stop_while_a_round_ran_ahead_checkpoints_the_round_before_and_resumes_identically(
+    ray_session, tmp_path, monkeypatch
+):
+    answers = _in_server_and_counted(monkeypatch)
+    asked: list[bool] = []
+
+    def stop_after_round_three() -> bool:  # the loop asks once a round, after logging it
+        asked.append(True)
+        return len(asked) == 3
+
+    monkeypatch.setattr(interrupts, "stop_requested", stop_after_round_three)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(interrupts.Terminated):
+        run(_config("ray", checkpoint_every=0), stopped, progress=False, tensorboard=False)
+    assert answers[-1] is True  # round 4 was queued ahead when the run stopped after round 3
+    (checkpoint,) = checkpoint_paths(stopped / "checkpoints")
+    state, _ = load_checkpoint(checkpoint)
+    assert state.round == 3
+    monkeypatch.setattr(interrupts, "stop_requested", lambda: False)
+    whole = run(
+        _config("local", checkpoint_every=0), tmp_path / "whole", progress=False, tensorboard=False
+    )
+    _assert_same_arrays(state.arrays, _checkpoints_of_round(tmp_path, 3))
+    resumed = resume(stopped, progress=False, tensorboard=False)
+    assert resumed.state.round == ROUNDS
+    _assert_same_arrays(resumed.state.arrays, whole.state.arrays)
+
+
+def _checkpoints_of_round(tmp_path: Path, round_done: int) -> dict[str, np.ndarray]:
+    """Round `round_done`'s state of an uninterrupted local run (checkpointed every round)."""
+    out = tmp_path / f"local_to_{round_done}"
+    run(_config("local", rounds=round_done), out, progress=False, tensorboard=False)
+    return _checkpoints(out)[round_done]
