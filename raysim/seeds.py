@@ -138,3 +138,16 @@ def fault_rng(fault_seed: int, round_index: int, client_id: int, attempt: int):
 def class_rows_rng(seed: int) -> np.random.Generator:
     """The random unit class rows FedAwS and the softmax oracle start from."""
     return _rng(seed, _CLASS_ROWS)
+
+
+def ivf_training(seed: int, trainings: int) -> tuple[int, np.random.Generator]:
+    """An IVF index's k-means seed and the draw of its training sample, for its
+    `trainings`-th training (raysim.index.faiss_ivf), from the index's own seed."""
+    return seed + trainings, _rng(seed, trainings)
+
+
+def synthetic_xml_streams(seed: int) -> tuple[np.random.SeedSequence, np.random.SeedSequence]:
+    """The synthetic XML data's two streams, spawned from the data seed: the points, and the
+    positive label of each point (raysim.data.synthetic_xml)."""
+    generator, positive = np.random.SeedSequence(seed).spawn(2)
+    return generator, positive

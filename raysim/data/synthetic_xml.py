@@ -34,6 +34,7 @@ from raysim.data.options import _float_option, _generated_size, _int_option
 from raysim.data.xc_data import XCData
 from raysim.data.xc_datasets import xc_to_dataset
 from raysim.errors import ConfigError
+from raysim.seeds import synthetic_xml_streams
 
 # Amazon-670K (Extreme Classification Repository) at scale 1.
 AMAZON_670K = {"labels": 670_091, "features": 135_909, "train": 490_449, "test": 153_025}
@@ -333,7 +334,7 @@ def load_synthetic_xml(
         raise ConfigError(
             f"'data.cross_cluster_probability' must be in [0, 1], got {cross_cluster_probability}"
         )
-    generator_seed, positive_seed = np.random.SeedSequence(seed).spawn(2)
+    generator_seed, positive_seed = synthetic_xml_streams(seed)
     train, test = generate_synthetic_xml(
         np.random.default_rng(generator_seed),
         num_labels=num_labels,

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from raysim.index.base import MISSING_ID, as_ids, as_rows, check_search_args, drop_query_and_rank
+from raysim.seeds import ivf_training
 
 
 def default_nlist(num_rows: int) -> int:
@@ -85,9 +86,8 @@ class FaissIVFIndex:
             faiss.omp_set_num_threads(int(self.threads))
         quantizer = faiss.IndexFlatIP(self.dim)
         index = faiss.IndexIVFFlat(quantizer, self.dim, self.nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.seed = self.seed + self.trainings
+        index.cp.seed, rng = ivf_training(self.seed, self.trainings)
         size = min(self.num_rows, self.train_size or 64 * self.nlist)
-        rng = np.random.default_rng([self.seed, self.trainings])
         sample = (
             rows if size >= self.num_rows else rows[np.sort(rng.choice(len(rows), size, False))]
         )
