@@ -70,6 +70,65 @@ def client_generator(seed: int, round_index: int, client_id: int) -> torch.Gener
     return torch.Generator().manual_seed(_torch_seed(seed, _CLIENT, round_index, client_id))
 
 
+def client_generators(seed: int, round_index: int, client_ids) -> list[torch.Generator]:
+    """`client_generator` of each of `client_ids`, their seeds derived together (a batched
+    chunk's clients: numpy's SeedSequence costs ~14 us a client, a sixth of a batched
+    digits client's whole round)."""
+    ids = np.asarray(client_ids, dtype=np.int64)
+    seeds = _torch_seeds([seed, _CLIENT, round_index], ids)
+    return [torch.Generator().manual_seed(s) for s in seeds]
+
+
+# numpy's SeedSequence (numpy/random/bit_generator.pyx), elementwise over many entropies that
+# differ in their last word: the same hash, constants and order, so the same states.
+_POOL_SIZE = 4
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_MULT_L, _MIX_MULT_R, _XSHIFT = 0xCA01F9DD, 0x4973F715, 16
+_WORD = 0xFFFFFFFF
+
+
+def _torch_seeds(prefix: list[int], last: np.ndarray) -> list[int]:
+    """`_torch_seed(*prefix, w)` for every w of `last` (int64), all at once. Words of 2^32
+    or more take several uint32 words in SeedSequence: those entropies go one at a time."""
+    words = [int(w) for w in prefix]
+    if any(not 0 <= w <= _WORD for w in words) or (last.size and not 0 <= last.min()):
+        return [_torch_seed(*words, int(w)) for w in last]
+    if last.size and last.max() > _WORD:
+        return [_torch_seed(*words, int(w)) for w in last]
+    count = len(last)
+    entropy = [np.full(count, w, dtype=np.uint32) for w in words] + [last.astype(np.uint32)]
+    hash_const = _INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal hash_const
+        value = value ^ np.uint32(hash_const)
+        hash_const = (hash_const * _MULT_A) & _WORD
+        value = value * np.uint32(hash_const)
+        return value ^ (value >> np.uint32(_XSHIFT))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        result = np.uint32(_MIX_MULT_L) * x - np.uint32(_MIX_MULT_R) * y
+        return result ^ (result >> np.uint32(_XSHIFT))
+
+    zeros = np.zeros(count, dtype=np.uint32)
+    pool = [hashmix(entropy[i] if i < len(entropy) else zeros) for i in range(_POOL_SIZE)]
+    for i_src in range(_POOL_SIZE):
+        for i_dst in range(_POOL_SIZE):
+            if i_src != i_dst:
+                pool[i_dst] = mix(pool[i_dst], hashmix(pool[i_src]))
+    for i_src in range(_POOL_SIZE, len(entropy)):
+        for i_dst in range(_POOL_SIZE):
+            pool[i_dst] = mix(pool[i_dst], hashmix(entropy[i_src]))
+    state, hash_const = [], _INIT_B
+    for i_dst in range(2):  # generate_state(2, uint32)
+        value = pool[i_dst % _POOL_SIZE] ^ np.uint32(hash_const)
+        hash_const = (hash_const * _MULT_B) & _WORD
+        value = value * np.uint32(hash_const)
+        state.append(value ^ (value >> np.uint32(_XSHIFT)))
+    high, low = state[0].astype(np.uint64), state[1].astype(np.uint64)
+    return [int(v) for v in (high << np.uint64(32)) | low]
+
+
 def client_numpy_rng(seed: int, round_index: int, client_id: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, _CLIENT, round_index, client_id, 1]))
 

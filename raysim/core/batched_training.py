@@ -435,7 +435,7 @@ def batched_updates(
     one by one.
     `personal_payloads`: one per client of `client_ids` (ClientBatch.personal), or None."""
     from raysim.models.devices import client_device, notice_once
-    from raysim.seeds import client_generator
+    from raysim.seeds import client_generators
 
     refusal = batching_refusal(ctx, hooks)
     if refusal is not None:
@@ -466,7 +466,7 @@ def batched_updates(
             client_ids=ids,
             xs=tuple(torch.from_numpy(train_x[r]) for r in row_sets),
             ys=tuple(torch.from_numpy(train_y[r].astype(np.int64, copy=False)) for r in row_sets),
-            generators=tuple(client_generator(ctx.seed, round_index, c) for c in ids),
+            generators=tuple(client_generators(ctx.seed, round_index, ids)),
             rows=rows,
             slots=slots,
             personal=(

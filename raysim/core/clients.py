@@ -18,7 +18,7 @@ from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
 from raysim.core.state import ReducedUpdate, WireUpdate
 from raysim.core.validation import metrics_problem, samples_problem, wire_format
-from raysim.seeds import client_generator
+from raysim.seeds import client_generators
 
 
 def train_clients(
@@ -83,6 +83,8 @@ def train_clients(
                 client_ids,
                 personal_payloads,
             )
+        if batched is None:  # each client's generator, their seeds derived together
+            generators = client_generators(ctx.seed, round_index, client_ids)
         for position, client_id in enumerate(client_ids):
             client_id = int(client_id)
             rows = indices[offsets[client_id] : offsets[client_id + 1]]
@@ -91,7 +93,7 @@ def train_clients(
             else:
                 x = torch.from_numpy(train_x[rows])
                 y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))
-                generator = client_generator(ctx.seed, round_index, client_id)
+                generator = generators[position]
                 client_payload = (
                     payload if personal_payloads is None else (payload, personal_payloads[position])
                 )
