@@ -71,9 +71,9 @@ def client_generator(seed: int, round_index: int, client_id: int) -> torch.Gener
 
 
 def client_generators(seed: int, round_index: int, client_ids) -> list[torch.Generator]:
-    """`client_generator` of each of `client_ids`, their seeds derived together (a batched
-    chunk's clients: numpy's SeedSequence costs ~14 us a client, a sixth of a batched
-    digits client's whole round)."""
+    """`client_generator` of each of `client_ids` (a task's or a batched chunk's clients),
+    their seeds derived together: numpy's SeedSequence costs ~14 us a client, a sixth of a
+    batched digits client's whole round."""
     ids = np.asarray(client_ids, dtype=np.int64)
     seeds = _torch_seeds([seed, _CLIENT, round_index], ids)
     return [torch.Generator().manual_seed(s) for s in seeds]

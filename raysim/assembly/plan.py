@@ -135,9 +135,8 @@ def partition_for_run(config: Config, dataset: Dataset) -> PartitionResult:
         # A partitioner that places the test rows only (the built-in multi-label ones place
         # all three in one call): the validation split's rows placed on the clients the same
         # way, by a second call with them as the test set.
-        if result.validation is None or result.validation_of_val is not None:
-            return result
-        if dataset.val_x is None:
+        placed = result.validation is None or result.validation_of_val is not None
+        if placed or dataset.val_x is None:
             return result
         as_test = dataclasses.replace(dataset, test_x=dataset.val_x, test_y=dataset.val_y)
         return dataclasses.replace(result, validation_of_val=place(as_test).validation)

@@ -240,9 +240,10 @@ class ServerActor:
         is older: nothing runs, None), trains here, evaluates nothing (`evaluation` does when
         the round is asked for), and keeps a copy of the state before it for `get_state`
         (a checkpoint of the round before, e.g. when the run stops there on SIGTERM)."""
-        if self.server.get_state().round != info.round_index:
+        state = self.server.get_state()
+        if state.round != info.round_index:
             return None
-        self._before_ahead = self.server.get_state().copy()
+        self._before_ahead = state.copy()
         return self._run_round_here(info, False, None)
 
     def evaluation(self) -> RoundStats:
