@@ -1,7 +1,10 @@
-"""Multi-label losses: Asymmetric Loss (the FLAG default) and binary cross-entropy.
+"""Losses the methods share.
 
-Both take raw logits (n, L) and multi-hot targets (n, L) and return the mean over samples of the
-sum over labels, so the loss scale does not depend on the batch size.
+Multi-label: Asymmetric Loss (the FLAG default) and binary cross-entropy. Both take raw logits
+(n, L) and multi-hot targets (n, L) and return the mean over samples of the sum over labels, so
+the loss scale does not depend on the batch size.
+
+Single-label: `cross_entropy_rows`, cross-entropy row by row (a client step's `row_loss`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,16 @@ from torch import nn
 
 # log() of probabilities is clamped here, as in Ridnik et al.'s reference implementation.
 LOG_EPS = 1e-8
+
+
+def cross_entropy_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy of each row of (n, classes) logits (in float32) against its class: row
+    i equals `cross_entropy` of a batch of row i alone, value and gradient bit for bit
+    (tests/test_losses.py). Written as log-softmax and a gather rather than
+    `cross_entropy(reduction="none")`: under torch.func.vmap, nll_loss runs as a Python
+    decomposition (~0.15 ms a step more for a small MLP's vmapped clients)."""
+    log_probs = torch.log_softmax(logits.float(), dim=1)
+    return -log_probs.gather(1, targets.reshape(-1, 1)).reshape(-1)
 
 
 def asymmetric_loss(

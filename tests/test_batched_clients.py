@@ -190,6 +190,59 @@ def test_a_clients_result_does_not_depend_on_its_chunk(threads):
         torch.set_num_threads(previous)
 
 
+def test_a_row_loss_trains_each_client_as_the_loss_taken_row_by_row():
+    """A step's `row_loss` (one call for a batch's rows) gives every ragged client the very
+    result the vmapped driver gets taking `loss` one row at a time, bit for bit."""
+    from dataclasses import replace
+
+    from raysim.losses import cross_entropy_rows
+
+    model, start, xs, ys = _ragged()
+    ids = range(len(SIZES))
+    batch = ClientBatch(
+        tuple(ids), tuple(xs), tuple(ys), (), rows=16
+    )  # generators below, fresh for each run
+
+    def trained(step):
+        generators = tuple(torch.Generator().manual_seed(100 + i) for i in ids)
+        return train_batched(step, [start] * len(SIZES), replace(batch, generators=generators))
+
+    step = ClientStep(
+        model=model, loss=nn.functional.cross_entropy, lr=0.05, lr_schedule="cosine_steps", **HYPER
+    )
+    rows, losses = trained(replace(step, row_loss=cross_entropy_rows))
+    want_rows, want_losses = trained(step)
+    assert rows.tobytes() == want_rows.tobytes()
+    assert np.array_equal(np.asarray(losses), np.asarray(want_losses), equal_nan=True)
+
+
+def test_fedavg_gives_its_row_loss_only_while_its_loss_is_its_own(digits_config):
+    """FedAvg's step carries cross_entropy_rows beside its cross-entropy; a subclass that
+    states a loss of its own (label smoothing here) gets no row loss, so the vmapped driver
+    takes its loss row by row rather than FedAvg's."""
+    from raysim.algorithms.fedavg import FedAvg
+    from raysim.losses import cross_entropy_rows
+
+    class Smoothed(FedAvg):
+        @staticmethod
+        def batch_loss(outputs, targets):
+            return nn.functional.cross_entropy(outputs, targets, label_smoothing=0.1)
+
+    dataset, split, ctx, algorithm = _setup(digits_config)
+    payload = algorithm.server_payload(algorithm.init_server(ctx))
+    assert algorithm.client_step(payload, ctx).row_loss is cross_entropy_rows
+    smoothed = Smoothed()
+    assert smoothed.client_step(payload, ctx).row_loss is None
+    ids = [0, 3]
+    batched = batched_updates(
+        ctx, AlgorithmHooks.of(smoothed), payload, dataset.train_x, dataset.train_y,
+        split.indices, split.offsets, 1, ids,
+    )  # fmt: skip
+    for update in batched:
+        reference = _sequential_update(smoothed, payload, dataset, split, update.client_id, 1, ctx)
+        assert float(np.abs(update.vector - reference.vector).max()) <= TOLERANCE
+
+
 # --- fallback ----------------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from raysim.core.batched_training import model_problem
 from raysim.core.client_step import ClientStep, DescribedClient, TrainedClients
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import check_lr_options
+from raysim.losses import cross_entropy_rows
 from raysim.metrics import evaluate_classifier
 from raysim.models.devices import client_device, server_device
 from raysim.models.vector import build_model, cached_model, get_vector, model_layout, set_vector
@@ -88,10 +89,14 @@ class DeltaAveraging(DescribedClient):
         lr = clients.lr
         if isinstance(payload, dict):  # lr_decay < 1: the round rides along (server_payload)
             lr = clients.lr * self.lr_decay ** int(payload["round"][0])
+        # cross_entropy_rows is batch_loss row by row, in one call; a subclass with a loss of
+        # its own has it vmapped over the rows instead
+        own_loss = type(self).batch_loss is not DeltaAveraging.batch_loss
         return ClientStep.of(
             clients,
             model=cached_model(ctx, client_device(ctx)),
             loss=self.batch_loss,
+            row_loss=None if own_loss else cross_entropy_rows,
             lr=lr,
             lr_schedule=self.lr_schedule,
             proximal_mu=self.proximal_mu,

@@ -52,6 +52,7 @@ from raysim.core.rankcodec import pack
 from raysim.core.state import ClientUpdate, ServerState
 from raysim.core.training import check_lr_options
 from raysim.errors import ConfigError
+from raysim.losses import cross_entropy_rows
 from raysim.metrics import evaluate_classifier
 from raysim.models.devices import client_device, server_device
 from raysim.models.supermask import WEIGHT_INITS, Supernet, cached_supernet, top_k_masks
@@ -184,6 +185,7 @@ class FRL(DescribedClient):
             clients,
             model=supernet.model,
             loss=nn.functional.cross_entropy,
+            row_loss=cross_entropy_rows,  # the loss of each row alone, in one call
             lr=clients.lr * self.lr_decay**round_index,
             lr_schedule=self.lr_schedule,
             trainable=names,

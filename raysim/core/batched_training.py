@@ -273,7 +273,7 @@ def train_batched(
         params[EXTRA] = stacked[:, offset:]
         extra_lrs = extra_lrs.to(device)
     anchors = {name: value.clone() for name, value in params.items()} if step.proximal_mu else None
-    step_fn = _step_function(model, names, step.loss, step.proximal_mu)
+    step_fn = _step_function(model, names, step.loss, step.proximal_mu, step.row_loss)
     buffers: dict[str, torch.Tensor] | None = None
     losses = torch.zeros((len(plan.active), slots), dtype=torch.float32)
     on_device = [t.to(device) for t in (plan.index, plan.weight, plan.count, plan.active, plan.lr)]
@@ -341,11 +341,14 @@ def _per_client(value: float | Sequence[float], count: int) -> list[float]:
     return [float(value)] * count if isinstance(value, (int, float)) else [float(v) for v in value]
 
 
-def _step_function(model, names, batch_loss, proximal_mu):
+def _step_function(model, names, batch_loss, proximal_mu, row_loss=None):
     """vmap(grad_and_value) of one client's step loss over the clients axis; each row's loss
-    is `batch_loss` of a batch of that row alone (its mean over one row is the row's loss)."""
+    is `batch_loss` of a batch of that row alone (its mean over one row is the row's loss),
+    or `row_loss` of the whole batch when the step gives one (the same values, one call)."""
 
     def row_losses(outputs, targets, *extra):
+        if row_loss is not None:
+            return row_loss(outputs, targets, *extra)
         return torch.func.vmap(lambda o, t: batch_loss(o[None], t[None], *extra))(outputs, targets)
 
     def loss_of(params, given, *rest):
