@@ -160,44 +160,71 @@ def _plan(
     base_lrs: Sequence[float],
     lr_schedule: str,
 ) -> _Plan:
-    per_epoch = [-(-n // batch_size) for n in sizes]
-    steps = [epochs * k for k in per_epoch]
+    sizes_array = np.asarray(sizes, dtype=np.int64)
+    per_epoch = -(-sizes_array // batch_size)
+    steps_array = epochs * per_epoch
+    steps = [int(k) for k in steps_array]
     total = max(steps, default=0)
-    # Assembled in numpy (a few us a client; torch's per-call overhead is several times that).
-    index = np.zeros((total, slots, rows), dtype=np.int64)
+    taken = np.zeros(slots, dtype=np.int64)
+    taken[: len(sizes)] = steps_array
+    active = np.arange(total)[:, None] < taken[None, :]  # [steps, slots]
+    starts = np.zeros(slots, dtype=np.int64)
+    starts[: len(sizes)] = np.cumsum(sizes_array) - sizes_array
+    # Assembled in numpy, whole arrays at once (torch's per-call overhead is several times
+    # numpy's; a loop over clients cost ~10 numpy calls a client). A client's rows during its
+    # steps are its first row until filled in; rows of steps it does not take stay 0.
+    index = np.where(active, starts[None, :], 0)[:, :, None].repeat(rows, axis=2)
     weight = np.zeros((total, slots, rows), dtype=np.float32)
-    lr = np.zeros((total, slots), dtype=np.float32)
-    start = 0
-    for slot, (n, generator) in enumerate(zip(sizes, generators, strict=True)):
-        if n:
-            width = per_epoch[slot] * batch_size
-            padded = np.full((epochs, width), -1, dtype=np.int64)
-            for epoch in range(epochs):  # the sequential loop's draws, in its order
-                padded[epoch, :n] = torch.randperm(n, generator=generator).numpy()
-            # batch j of epoch e is padded[e, j*bs:(j+1)*bs]; only its first `rows` can be real
-            batches = padded.reshape(steps[slot], batch_size)[:, :rows]
-            real = batches >= 0
-            index[: steps[slot], slot] = np.where(real, batches + start, start)
-            weight[: steps[slot], slot] = real
-            if lr_schedule == "constant":
-                lr[: steps[slot], slot] = base_lrs[slot]
-            else:
-                lr[: steps[slot], slot] = [
-                    scheduled_lr(
-                        lr_schedule,
-                        base_lrs[slot],
-                        step,
-                        steps_per_epoch=per_epoch[slot],
-                        epochs=epochs,
-                    )
-                    for step in range(steps[slot])
-                ]
-        start += n
-    taken = np.array(steps + [0] * (slots - len(sizes)))
-    active = torch.from_numpy(np.arange(total)[:, None] < taken[None, :])
+    # The sequential loop's draws, in its order: each client's epochs, one permutation each.
+    drawn = [
+        torch.randperm(n, generator=generator).numpy()
+        for n, generator in zip(sizes, generators, strict=True)
+        if n
+        for _ in range(epochs)
+    ]
+    if drawn:
+        # Every drawn position p of client c in epoch e lies in batch p // batch_size of that
+        # epoch, step e * per_epoch[c] + p // batch_size, at row p % batch_size (only the
+        # first `rows` of a batch can be real: rows < batch_size means every client is
+        # smaller than a batch).
+        segment_slot = np.repeat(np.flatnonzero(sizes_array), epochs)
+        segment_epoch = np.tile(np.arange(epochs), len(segment_slot) // epochs)
+        lengths = sizes_array[segment_slot]
+        slot_of = np.repeat(segment_slot, lengths)
+        epoch_of = np.repeat(segment_epoch, lengths)
+        position = np.arange(len(slot_of)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        row_of = position % batch_size
+        step_of = epoch_of * per_epoch[slot_of] + position // batch_size
+        real = row_of < rows
+        slot_of, step_of, row_of = slot_of[real], step_of[real], row_of[real]
+        index[step_of, slot_of, row_of] = np.concatenate(drawn)[real] + starts[slot_of]
+        weight[step_of, slot_of, row_of] = 1.0
+    if lr_schedule == "constant":
+        base = np.zeros(slots, dtype=np.float32)
+        base[: len(sizes)] = base_lrs
+        lr = np.where(active, base[None, :], np.float32(0.0))
+    else:
+        lr = np.zeros((total, slots), dtype=np.float32)
+        for slot in range(len(sizes)):
+            lr[: steps[slot], slot] = [
+                scheduled_lr(
+                    lr_schedule,
+                    base_lrs[slot],
+                    step,
+                    steps_per_epoch=int(per_epoch[slot]),
+                    epochs=epochs,
+                )
+                for step in range(steps[slot])
+            ]
     count = torch.from_numpy(weight.sum(axis=2)).clamp(min=1.0)  # sums of 0/1 values: exact
-    index, weight, lr = torch.from_numpy(index), torch.from_numpy(weight), torch.from_numpy(lr)
-    return _Plan(index, weight, count, active, lr, steps)
+    return _Plan(
+        torch.from_numpy(index),
+        torch.from_numpy(weight),
+        count,
+        torch.from_numpy(active),
+        torch.from_numpy(lr),
+        steps,
+    )
 
 
 def train_batched(
