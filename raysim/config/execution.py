@@ -60,6 +60,10 @@ class RuntimeConfig:
     # instead of Ray's default, which fills the submitting node (the server's) first and
     # spills over only when it is busy.
     spread_tasks: bool = False
+    # glibc's malloc in processes that train clients: blocks up to 32 MiB from its heap and up
+    # to 256 MiB of freed memory kept for reuse, so a batched round's large tensors do not
+    # fault in fresh pages every step (raysim.runtime.allocator). False: glibc's defaults.
+    tune_malloc: bool = True
 
     def check(self, source: str, resolve: bool = True) -> None:
         require(

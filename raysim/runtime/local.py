@@ -17,6 +17,7 @@ from raysim.data.datasets import Dataset, load_dataset
 from raysim.data.partition import ClientSplit
 from raysim.errors import ConfigError
 from raysim.runtime import client_state
+from raysim.runtime.allocator import tune_malloc
 
 
 class LocalBackend:
@@ -41,6 +42,7 @@ class LocalBackend:
     ) -> None:
         """`ctx`: the plan's run context (with its client-state store, if any)."""
         self.ctx = ctx
+        tune_malloc(ctx.config.runtime.tune_malloc)  # this process trains the clients
         self.dataset = dataset
         self.split = split
         self.server = Server(ctx, ServerData.of(dataset, split, schedule))

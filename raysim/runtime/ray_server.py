@@ -24,6 +24,7 @@ from raysim.core.server import Server, ServerData
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.models.devices import task_num_gpus
 from raysim.process_memory import peak_rss_bytes
+from raysim.runtime.allocator import tune_malloc
 from raysim.runtime.ray_errors import one_line_error
 from raysim.runtime.ray_metrics import RoundMetrics
 from raysim.runtime.ray_round import RoundTasks
@@ -63,6 +64,7 @@ class ServerActor:
         run_ref: list,
         data: ServerData,
     ) -> None:
+        tune_malloc(ctx.config.runtime.tune_malloc)  # it folds updates and may train clients
         self.server = Server(ctx, data)
         self.run_ref = run_ref
         clients = ctx.config.clients

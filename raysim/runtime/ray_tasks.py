@@ -20,6 +20,7 @@ from raysim.core.algorithm import RunContext
 from raysim.core.clients import train_clients
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
+from raysim.runtime.allocator import tune_malloc
 from raysim.runtime.ray_errors import one_line_error
 
 
@@ -137,6 +138,7 @@ def train_with_bundle(
     the server actor for a small round): their updates and the seconds it took."""
     started = time.perf_counter()
     ctx, algorithm, train_x, train_y, indices, offsets = run_bundle(run_ref)
+    tune_malloc(ctx.config.runtime.tune_malloc)  # (once per process)
     updates = train_clients(
         ctx,
         algorithm,
