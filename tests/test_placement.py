@@ -29,7 +29,7 @@ def test_light_clients_get_the_server_timed_and_heavy_ones_do_not():
 
 
 def test_the_slower_place_is_timed_again_unless_the_server_cannot_win():
-    later = 11 + RayBackend.REPROBE_EVERY
+    later = 11 + RayBackend.RETIME_AT_MOST_EVERY + 1
     # tasks measured faster: the server is timed again, if it can win
     assert _backend(tasks=0.001, server=0.002, compute=0.0003)._place(later) is True
     assert _backend(tasks=0.033, server=0.06, compute=0.064)._place(later) is False
@@ -39,6 +39,22 @@ def test_the_slower_place_is_timed_again_unless_the_server_cannot_win():
     assert _backend(tasks=0.002, server=0.001, compute=0.0003)._place(12) is True
     assert _backend(tasks=0.001, server=0.002, compute=0.0003)._place(12) is False
 
+
+
+def test_the_slower_place_is_timed_again_sooner_the_closer_the_two_places_are():
+    """A re-timing trains SETTLE_ROUNDS + 1 rounds in the slower place: it comes after
+    REPROBE_EVERY rounds when the places cost about the same, and later when they are far
+    apart, so that those rounds cost at most RETIME_SHARE of the rounds between."""
+    backend = _backend(tasks=0.0015, server=0.0004, compute=0.0003)
+    close = backend._retime_every(0.00041, 0.0004)
+    apart = backend._retime_every(0.0015, 0.0004)  # tiny digits: tasks ~3.5x the server
+    assert close == RayBackend.REPROBE_EVERY
+    extra = (RayBackend.SETTLE_ROUNDS + 1) * (0.0015 - 0.0004)
+    assert extra / (apart * 0.0004) <= RayBackend.RETIME_SHARE < extra / ((apart - 1) * 0.0004)
+    assert backend._retime_every(1.0, 0.0004) == RayBackend.RETIME_AT_MOST_EVERY
+    # the server stays in use through the rounds in between, then tasks are timed again
+    assert backend._place(10 + apart) is True
+    assert backend._place(10 + apart + 1) is False
 
 def test_rounds_that_start_workers_or_need_tasks_never_train_in_the_server():
     assert _backend(tasks=0.001, server=0.0001, compute=0.0)._place(1) is False

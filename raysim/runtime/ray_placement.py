@@ -111,8 +111,14 @@ class ClientPlacement:
     # of 64 samples: tasks win), so it is measured: each place is timed on consecutive
     # rounds (the time between the driver's calls, per trained client, the first
     # round after a switch not counted), the faster one is used, and the other is timed again
-    # every REPROBE_EVERY rounds. Results do not depend on the place (bit for bit).
+    # (`_retime_every`): after REPROBE_EVERY rounds, or later when the places' measured costs
+    # are far apart, so that the re-timing's rounds in the slower place add at most
+    # RETIME_SHARE to the rounds between (tiny digits rounds, 3.5x slower in tasks: a
+    # re-timing every 50 rounds cost 4 rounds of 15 ms against 5 ms, a sixth of the run).
+    # Results do not depend on the place (bit for bit).
     REPROBE_EVERY = 50
+    RETIME_SHARE = 0.02
+    RETIME_AT_MOST_EVERY = 1000
     # Rounds a place trains before it is timed. Two: a process's first batched call pays
     # torch.func's start (1.5-2 s) and its second is still slow (batched "many" digits rounds
     # in the server actor: 1.77 s, 0.089 s, then 0.03 s); timed on the second, the server
@@ -147,8 +153,8 @@ class ClientPlacement:
     def _say_if_moved(self, round_index: int, in_server: bool) -> None:
         """One line when automatic placement moves clients into the server actor or back
         with the measured seconds per client and how to keep every round in tasks. Each
-        direction is said once: the slower place's re-timing every REPROBE_EVERY rounds would
-        otherwise add two lines each time."""
+        direction is said once: the slower place's re-timing now and then would otherwise add
+        two lines each time."""
         previous = self._placement.get(round_index - 1, False)
         said = self.__dict__.setdefault("_moves_said", set())
         if in_server == previous or in_server in said:
@@ -181,11 +187,20 @@ class ClientPlacement:
         if server is None:
             return not self._server_cannot_win(tasks)
         faster = server < tasks
-        # the slower place is timed again every REPROBE_EVERY rounds (clients grow, the
-        # cluster's load changes): it trains until a steady round of it has been measured
-        if round_index - self._cost_round[not faster] > self.REPROBE_EVERY:
+        # the slower place is timed again now and then (clients grow, the cluster's load
+        # changes): it trains until a steady round of it has been measured
+        if round_index - self._cost_round[not faster] > self._retime_every(tasks, server):
             return faster if not faster and self._server_cannot_win(tasks) else not faster
         return faster
+
+    def _retime_every(self, tasks: float, server: float) -> int:
+        """Rounds between two timings of the slower place: REPROBE_EVERY, or more when a
+        timing's SETTLE_ROUNDS + 1 rounds there would cost more than RETIME_SHARE of the
+        rounds between, at the measured per-client costs; at most RETIME_AT_MOST_EVERY."""
+        fast, slow = sorted((tasks, server))
+        extra = (self.SETTLE_ROUNDS + 1) * (slow - fast)
+        rounds = math.ceil(extra / (self.RETIME_SHARE * max(fast, 1e-9)))
+        return min(self.RETIME_AT_MOST_EVERY, max(self.REPROBE_EVERY, rounds))
 
     def _server_cannot_win(self, tasks_per_client: float) -> bool:
         """Whether timing the server is pointless: it trains a round's clients one after
