@@ -40,7 +40,6 @@ def test_the_slower_place_is_timed_again_unless_the_server_cannot_win():
     assert _backend(tasks=0.001, server=0.002, compute=0.0003)._place(12) is False
 
 
-
 def test_the_slower_place_is_timed_again_sooner_the_closer_the_two_places_are():
     """A re-timing trains SETTLE_ROUNDS + 1 rounds in the slower place: it comes after
     REPROBE_EVERY rounds when the places cost about the same, and later when they are far
@@ -55,6 +54,7 @@ def test_the_slower_place_is_timed_again_sooner_the_closer_the_two_places_are():
     # the server stays in use through the rounds in between, then tasks are timed again
     assert backend._place(10 + apart) is True
     assert backend._place(10 + apart + 1) is False
+
 
 def test_rounds_that_start_workers_or_need_tasks_never_train_in_the_server():
     assert _backend(tasks=0.001, server=0.0001, compute=0.0)._place(1) is False
