@@ -60,14 +60,14 @@ class ClientStep:
     `loss(outputs, targets)` (or `loss(outputs, targets, extra)` when the clients train extra
     values) is the mean loss of a batch; the vmapped driver takes it row by row (a batch of
     one), so both drivers run the very same function. `row_loss` (optional, same arguments):
-    the loss of every row of a batch at once, a vector (cross-entropy's `reduction="none"`),
+    the loss of every row of a batch at once, a vector (raysim.losses.cross_entropy_rows),
     which the vmapped driver calls instead of `loss` under a second vmap over the rows (one
     call: ~0.2 ms less per step on small models); it must give each row what `loss` gives a
-    batch of that row alone (tests/test_batched_clients.py holds the built-in ones to that,
-    bit for bit; a step made from another with a new `loss` names its `row_loss` too, or
-    None). Then SGD: `lr` (the round's base rate;
-    one per client is accepted by the vmapped driver), `lr_schedule` within the round
-    (raysim.core.training.scheduled_lr), momentum, weight decay and FedProx's `proximal_mu`.
+    batch of that row alone (tests/test_losses.py holds cross_entropy_rows to that, bit for
+    bit; a step made from another with a new `loss` names its `row_loss` too, or None).
+    Then SGD: `lr` (the round's base rate; one per client is accepted by the vmapped driver),
+    `lr_schedule` within the round (raysim.core.training.scheduled_lr), momentum, weight decay
+    and FedProx's `proximal_mu`.
 
     `trainable`: the names of the model's tensors a client trains (None: every floating
     tensor of its state dict, the model vector's order); the others are shared, not trained
