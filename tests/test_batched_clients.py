@@ -216,7 +216,7 @@ def test_a_row_loss_trains_each_client_as_the_loss_taken_row_by_row():
     assert np.array_equal(np.asarray(losses), np.asarray(want_losses), equal_nan=True)
 
 
-def test_fedavg_gives_its_row_loss_only_while_its_loss_is_its_own(digits_config):
+def test_a_fedavg_subclass_with_a_loss_of_its_own_gets_no_row_loss(digits_config):
     """FedAvg's step carries cross_entropy_rows beside its cross-entropy; a subclass that
     states a loss of its own (label smoothing here) gets no row loss, so the vmapped driver
     takes its loss row by row rather than FedAvg's."""
