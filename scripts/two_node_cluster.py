@@ -37,18 +37,51 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# Every port this process has handed to a node: two nodes share one host, so no port (nor a
+# node's worker port range) may be handed out twice.
+_HANDED_OUT: set[int] = set()
+
+
 def free_ports(count: int) -> list[int]:
-    """Ports free right now (bound to 0 and released; a small race is acceptable here)."""
-    sockets = []
+    """Ports free right now (bound to 0 and released; a small race is acceptable here) and
+    not handed out before."""
+    sockets, ports = [], []
     try:
-        for _ in range(count):
+        while len(ports) < count:
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
             sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
+            port = sock.getsockname()[1]
+            if port not in _HANDED_OUT:
+                ports.append(port)
     finally:
         for sock in sockets:
             sock.close()
+    _HANDED_OUT.update(ports)
+    return ports
+
+
+def _bindable(port: int) -> bool:
+    with contextlib.closing(socket.socket()) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_range(width: int) -> int:
+    """The first of `width` + 1 consecutive ports, each free right now and none handed out
+    before (a node's worker ports: a range that held, say, the node manager's port made
+    `ray start` refuse the node)."""
+    for _ in range(200):
+        low = free_ports(1)[0]
+        span = range(low, low + width + 1)
+        if span[-1] <= 65535 and not _HANDED_OUT.intersection(span[1:]):
+            if all(_bindable(port) for port in span[1:]):
+                _HANDED_OUT.update(span)
+                return low
+    raise RuntimeError(f"no run of {width + 1} free ports found")
 
 
 @dataclass
@@ -98,7 +131,7 @@ def _node_command(
     node_manager, object_manager, agent_listen, agent_grpc, metrics, runtime_env, client = (
         free_ports(7)
     )
-    worker_low = free_ports(1)[0]
+    worker_low = free_port_range(40)
     command = [
         sys.executable,
         "-m",
