@@ -54,6 +54,19 @@ def _sequential_update(algorithm, payload, dataset, split, client, round_index, 
     return algorithm.client_update(payload, x, y, client, generator, ctx)
 
 
+def _batched_and_sequential(algorithm, payload, dataset, split, ctx, ids, round_index):
+    """(batched update, its sequential reference) of each of `ids` in round `round_index`."""
+    batched = batched_updates(
+        ctx, AlgorithmHooks.of(algorithm), payload, dataset.train_x, dataset.train_y,
+        split.indices, split.offsets, round_index, ids,
+    )  # fmt: skip
+    assert batched is not None
+    return [
+        (update, _sequential_update(algorithm, payload, dataset, split, c, round_index, ctx))
+        for update, c in zip(batched, ids, strict=True)
+    ]
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -67,17 +80,13 @@ def _sequential_update(algorithm, payload, dataset, split, client, round_index, 
 )
 def test_batched_updates_match_sequential(digits_config, overrides):
     dataset, split, ctx, algorithm = _setup(digits_config, *overrides)
-    hooks = AlgorithmHooks.of(algorithm)
     state = algorithm.init_server(ctx)
     state.round = 3  # lr_decay: a round other than 0
     payload = algorithm.server_payload(state)
     ids = [0, 3, 5, 7, 11]
-    batched = batched_updates(
-        ctx, hooks, payload, dataset.train_x, dataset.train_y, split.indices, split.offsets, 3, ids
-    )
-    assert batched is not None
-    for update in batched:
-        reference = _sequential_update(algorithm, payload, dataset, split, update.client_id, 3, ctx)
+    for update, reference in _batched_and_sequential(
+        algorithm, payload, dataset, split, ctx, ids, 3
+    ):
         assert update.num_samples == reference.num_samples
         assert float(np.abs(update.vector - reference.vector).max()) <= TOLERANCE
         assert update.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=1e-5)
@@ -233,13 +242,9 @@ def test_a_fedavg_subclass_with_a_loss_of_its_own_gets_no_row_loss(digits_config
     assert algorithm.client_step(payload, ctx).row_loss is cross_entropy_rows
     smoothed = Smoothed()
     assert smoothed.client_step(payload, ctx).row_loss is None
-    ids = [0, 3]
-    batched = batched_updates(
-        ctx, AlgorithmHooks.of(smoothed), payload, dataset.train_x, dataset.train_y,
-        split.indices, split.offsets, 1, ids,
-    )  # fmt: skip
-    for update in batched:
-        reference = _sequential_update(smoothed, payload, dataset, split, update.client_id, 1, ctx)
+    for update, reference in _batched_and_sequential(
+        smoothed, payload, dataset, split, ctx, [0, 3], 1
+    ):
         assert float(np.abs(update.vector - reference.vector).max()) <= TOLERANCE
 
 
@@ -292,13 +297,9 @@ def test_a_plugin_written_once_runs_sequentially_and_batched(digits_config):
     clipped = module.ClippedFedAvg(max_norm=0.05)
     assert clipped.batching_problem(ctx) is None
     payload = clipped.server_payload(clipped.init_server(ctx))
-    ids = [0, 3, 5]
-    batched = batched_updates(
-        ctx, AlgorithmHooks.of(clipped), payload, dataset.train_x, dataset.train_y,
-        split.indices, split.offsets, 1, ids,
-    )  # fmt: skip
-    for update in batched:
-        reference = _sequential_update(clipped, payload, dataset, split, update.client_id, 1, ctx)
+    for update, reference in _batched_and_sequential(
+        clipped, payload, dataset, split, ctx, [0, 3, 5], 1
+    ):
         assert update.metrics["clipped"] == reference.metrics["clipped"] == 1.0
         assert float(np.linalg.norm(update.vector)) == pytest.approx(0.05, rel=1e-5)
         assert float(np.abs(update.vector - reference.vector).max()) <= TOLERANCE
