@@ -23,7 +23,10 @@
       accelerator (clients.num_gpus 1, local backend), trained one after another and batched:
       clients per second (the median round of 3, the first dropped) and the final accuracies,
       which agree to float rounding. Also FedAwS's one-class clients (MLP embedding) and FRL's
-      supermask clients (MLP supernet; batched on a GPU only), 100 and 1,000 a round.
+      supermask clients (MLP supernet; batched on a GPU only), 100 and 1,000 a round. And
+      benchmarks/bag_pooling.py at the flagship's shapes: the vmapped bag clients' pooling
+      step (a gather and a sum) against embedding_bag in vmap's per-client fallback, 16, 128
+      and 1,024 clients: milliseconds and operations a step.
   (f) The flagship, examples/fedaws_amazon670k.py's FedAwS at full scale (its `--scale 1`
       config, built by the example's own base_config: 670,091 classes, 4,000 one-class
       clients a round), 3 rounds on the Ray backend with clients.batched, the one GPU shared by
@@ -489,7 +492,20 @@ def batched_clients(args, accelerator: str, work: Path) -> dict:
                 row[f"{mode}_accuracy"] = final.get("accuracy", final.get("p@1"))
             row["speedup"] = row["batched_clients_per_s"] / row["sequential_clients_per_s"]
             rows.append(row)
-    return {"clients_num_gpus": gpus, "rows": rows}
+    pooling = _bag_pooling_module()
+    shapes = pooling.SHAPES["small" if args.small else ("cuda" if gpus else "cpu")]
+    device = torch.device("cuda" if gpus else "cpu")
+    bag_pooling = pooling.measure(device, shapes, repeats=3)
+    return {"clients_num_gpus": gpus, "rows": rows, "bag_pooling": bag_pooling, "shapes": shapes}
+
+
+def _bag_pooling_module():
+    """benchmarks/bag_pooling.py as a module: the vmapped bag pooling, gather vs embedding_bag."""
+    path = Path(__file__).resolve().parent / "bag_pooling.py"
+    spec = importlib.util.spec_from_file_location("bag_pooling", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _gib(value: float | None) -> str:
@@ -518,6 +534,8 @@ def table(report: dict) -> str:
             ),
             "",
         ]
+        if "bag_pooling" in report["batched"]:
+            lines += [_bag_pooling_module().table(report["batched"]["bag_pooling"], acc), ""]
     rows = []
     if "fedavg_lenet" in report:
         a = report["fedavg_lenet"]

@@ -44,10 +44,11 @@ def test_auto_is_capped_at_a_round_and_bounded_by_memory(monkeypatch):
 def test_an_embedding_table_counts_the_rows_a_client_can_touch():
     bag = XMLEmbeddingBag(100_000, 16, 32, [32], sparse_gradients=False)
     dense = sum(p.numel() for name, p in bag.named_parameters() if not name.startswith("bag."))
-    # 5 samples of 8 feature ids: at most 40 rows of 32, not the table's 100,001
+    # 5 samples of 8 feature ids: at most 40 rows of 32, not the table's 100,001; each of the
+    # 5 padded batch rows gathers 8 rows of 32 to pool its bag
     estimate = batch_chunk.client_bytes(bag, (8,), 5, 5)
     activations = batch_chunk.activation_values(bag, (8,))
-    assert estimate == 40 * (dense + 40 * 32) + 4 * 3 * 5 * (activations + 8)
+    assert estimate == 40 * (dense + 40 * 32) + 4 * 3 * 5 * (activations + 8 + 8 * 32)
 
 
 def test_the_config_takes_auto_or_a_positive_integer():

@@ -53,6 +53,14 @@ def test_gpu_check_small_prints_its_table_and_writes_json(tmp_path):
     assert methods == {"fedavg", "fedaws", "frl"}
     assert all(row["batched_clients_per_s"] > 0 for row in report["batched"]["rows"])
     assert "| fedaws | 10 |" in out
+    # the vmapped bag pooling: the gather's operations do not grow with the chunk, the
+    # per-client fallback's do; the two gradients agree to rounding
+    pooling = report["batched"]["bag_pooling"]
+    assert [row["clients"] for row in pooling] == [2, 8]
+    assert pooling[0]["gather_ops"] == pooling[1]["gather_ops"]
+    assert pooling[1]["embedding_bag_ops"] > pooling[0]["embedding_bag_ops"] + 6 * 50
+    assert all(row["max_abs_gradient_difference"] < 1e-5 for row in pooling)
+    assert "bag pooling under vmap on cpu" in out
 
 
 def test_a_part_whose_budget_does_not_fit_is_skipped_with_a_line(tmp_path, capsys):

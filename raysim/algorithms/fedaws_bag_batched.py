@@ -13,35 +13,42 @@ the client's table one more trained tensor beside the dense ones; every table is
 (the chunk's widest: the client's own rows first, in `touched` order, then zero rows), and each
 client's feature ids are re-indexed into its own table with the padding id `width`, as
 `forward_rows` expects for a table of `width` rows. One client alone gets a table of exactly
-its rows (the sequential client). A sample's bag is `F.embedding_bag(mode="mean")` over its
-real ids, in every chunk.
+its rows (the sequential client).
+
+The sequential driver pools a sample's bag with `F.embedding_bag(mode="mean")` over its real
+ids. vmap has no batching rule for embedding_bag: it would run it, forward and backward, once
+per client (on a GPU ~80 operations a client a step, so a chunk's launches grow with its
+clients). The vmapped driver runs the step's `vmapped_model` instead, the gathered twin
+(`XMLEmbeddingBag.forward_rows_gathered`): a gather of each id's row (the padding id's row is
+zero) and a sum over the bag divided by its count of real ids, operations vmap batches, so a
+step is the same few operations for any chunk.
 
 The padded width enters no client's arithmetic, so a batched client's result does not depend
-on the chunk (tests/test_batched_bag.py compares chunks of 1, 2 and 3 with ==): vmap runs
-`embedding_bag` and its backward once per client (torch has no batching rule for them; its
-fallback slices the clients apart and stacks the results, no arithmetic), on ids that are the
-same in every chunk except the padding id, which is larger than every real id in any chunk.
-The forward reads only the rows a bag's ids name and its backward adds each row's
-contributions one after another in sorted-id order (on the CPU a sort whose comparisons, hence
-its order of equal ids, are the same whatever the padding id's value; on a GPU a stable
-sort); the rows past a client's own are never named, get a gradient of exactly 0, stay 0
-under weight decay and momentum, and are never returned.
+on the chunk (tests/test_batched_bag.py compares chunks of 1, 2 and 3 with ==): the ids are
+the same in every chunk except the padding id, which is larger than every real id in any
+chunk; the gather reads only the rows the ids name (padding adds exact zeros, over a bag
+dimension that is the dataset's, not the chunk's), and the gather's backward (one call over
+the chunk, each client's ids offset into its own table) adds each row's contributions on the
+CPU one after another in the ids' order; on a GPU by a sort-based kernel without atomic adds,
+over the same `batch_chunk` slots in every call (not yet checked on a GPU). The rows past a
+client's own are never named, get a gradient of exactly 0, stay 0 under weight decay and
+momentum, and are never returned.
 
 Batched against sequential the results agree to float rounding (docs/BATCHED.md gives the
-tolerance measured): the same embedding_bag kernel, but the vmapped dense layers' batched
-matrix products, the masked mean over padded batch rows and the batched SGD's unfused
-`param - buf * lr` round differently.
+tolerance measured): the bag's sum runs in another order than embedding_bag's, the vmapped
+dense layers' batched matrix products, the masked mean over padded batch rows and the batched
+SGD's unfused `param - buf * lr` round differently.
 
 Speed: one vmapped step per chunk instead of one training loop per client pays on a GPU,
 where a client's step is launch overhead. On a CPU the padded batch rows (every client's
-batch holds `ClientBatch.rows`, the split's largest batch) and the padded tables are
-arithmetic the sequential path does not do, and it is slower batched (docs/BATCHED.md has the
+batch holds `ClientBatch.rows`, the split's largest batch), the padded tables and the gathered
+rows (a batch row's features x the bag's width) are arithmetic and memory traffic the
+sequential path does not have, and it is slower batched (docs/BATCHED.md has the
 measurements), so the CPU trains these clients one at a time (`BATCH_ON_CPU`).
 """
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -62,22 +69,19 @@ BATCH_ON_CPU = False
 
 CPU_REASON = "embedding-bag clients are slower batched than one at a time on a CPU"
 
-# vmap's notice, in the forward and the backward pass, that embedding_bag has no batching rule:
-# running it per client is what makes the results independent of the chunk (module docstring).
-warnings.filterwarnings(
-    "ignore", message=r"There is a performance drop .* aten::_?embedding_bag", category=UserWarning
-)
-
 
 class _RowsNetwork(nn.Module):
     """The clients' network: `model.forward_rows(local_x, rows)`, with `rows` (a client's
     table, `width` rows of the bag's width) trained beside the model's dense tensors (named
     `model.<name>`). The sequential driver loads a client's values into it; the vmapped one
-    brings every client's own (the module's then only give the shapes)."""
+    brings every client's own (the module's then only give the shapes) and runs the
+    `gathered` twin (`model.forward_rows_gathered`: no embedding_bag, which vmap would run
+    client by client)."""
 
-    def __init__(self, model: XMLEmbeddingBag) -> None:
+    def __init__(self, model: XMLEmbeddingBag, gathered: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.gathered = gathered
         self.with_width(1)
 
     def with_width(self, width: int) -> _RowsNetwork:
@@ -92,6 +96,8 @@ class _RowsNetwork(nn.Module):
         return self
 
     def forward(self, local_x: torch.Tensor) -> torch.Tensor:
+        if self.gathered:
+            return self.model.forward_rows_gathered(local_x, self.rows)
         return self.model.forward_rows(local_x, self.rows)
 
 
@@ -118,18 +124,20 @@ def _dense_names(model: nn.Module, layout: ModelLayout) -> list[str]:
     return [names[id(tensor)] for tensor, _, _ in layout.dense]
 
 
-# model -> (its layout, its _RowsNetwork, the trained tensors' names): made once per worker
-# model, not once per client (the sequential driver asks for one client at a time)
+# model -> (its layout, its _RowsNetwork, its gathered twin, the trained tensors' names): made
+# once per worker model, not once per client (the sequential driver asks for one at a time)
 _NETWORKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _rows_network(model: XMLEmbeddingBag, layout: ModelLayout, width: int):
-    """(`model`'s _RowsNetwork with a table of `width` rows, the names of what it trains)."""
+def _rows_networks(model: XMLEmbeddingBag, layout: ModelLayout, width: int):
+    """(`model`'s _RowsNetwork with a table of `width` rows, its gathered twin, the names of
+    what they train)."""
     held = _NETWORKS.get(model)
     if held is None or held[0] is not layout:
         trainable = (*(f"model.{name}" for name in _dense_names(model, layout)), ROWS)
-        held = _NETWORKS[model] = (layout, _RowsNetwork(model), trainable)
-    return held[1].with_width(width), held[2]
+        networks = _RowsNetwork(model), _RowsNetwork(model, gathered=True)
+        held = _NETWORKS[model] = (layout, *networks, trainable)
+    return held[1].with_width(width), held[2].with_width(width), held[3]
 
 
 # a weak reference to the last payload, its layout, theta's dense part
@@ -194,7 +202,7 @@ def bag_chunk(
         table = np.zeros((width, layout.bag_width), dtype=np.float32)
         table[: len(rows)] = layout.bag_row_slice(theta, rows)
         starts.append(StartParts(dense_theta, table, extra))
-    network, trainable = _rows_network(model, layout, width)
-    rows_step = replace(step, model=network, trainable=trainable)
+    network, gathered, trainable = _rows_networks(model, layout, width)
+    rows_step = replace(step, model=network, trainable=trainable, vmapped_model=gathered)
     notes = tuple(TableRows(rows, width, len(dense_theta)) for rows in touched)
     return ClientChunk(rows_step, tuple(local_xs), tuple(starts), notes)

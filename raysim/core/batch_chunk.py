@@ -23,6 +23,8 @@ never of how a round's clients are packed into tasks.
 
 An embedding table (nn.Embedding / nn.EmbeddingBag: FedAwS's bag) is counted by the rows a
 client can touch (its samples x features), not by its full size: a client trains only those.
+A bag's pooling counts as activations a gathered row per feature of a padded batch row (the
+vmapped driver gathers and sums the rows instead of calling embedding_bag).
 """
 
 from __future__ import annotations
@@ -110,7 +112,10 @@ def _client_bytes(model: nn.Module, input_shape: tuple[int, ...], rows: int, lar
     for table in tables:
         touched = min(table.num_embeddings, max(1, largest) * features)
         parameters += touched * table.embedding_dim
-    activations = rows * (activation_values(model, input_shape) + features)
+    # the vmapped driver pools a bag by gathering a row per feature id and summing them
+    # (XMLEmbeddingBag.forward_rows_gathered): features x width values a sample, forward and back
+    gathered = sum(features * t.embedding_dim for t in tables if isinstance(t, nn.EmbeddingBag))
+    activations = rows * (activation_values(model, input_shape) + features + gathered)
     return BYTES_PER_PARAMETER * parameters + 4 * ACTIVATION_COPIES * activations
 
 

@@ -242,7 +242,8 @@ def train_batched(
     the extra values at `step.extra_lr`. A client's mean loss is the float sum of its steps'
     losses over its steps, NaN for a client without samples. `step.lr`: one for all or one
     per client. The step's model gives the architecture (and the shared, untrained tensors);
-    the values of its trained tensors are not read or changed."""
+    the values of its trained tensors are not read or changed; the step's `vmapped_model`,
+    when it has one, is the network run."""
     model = step.model
     names = _parameter_names(model) if step.trainable is None else list(step.trainable)
     if names is None:
@@ -300,7 +301,8 @@ def train_batched(
         params[EXTRA] = stacked[:, offset:]
         extra_lrs = extra_lrs.to(device)
     anchors = {name: value.clone() for name, value in params.items()} if step.proximal_mu else None
-    step_fn = _step_function(model, names, step.loss, step.proximal_mu, step.row_loss)
+    network = model if step.vmapped_model is None else step.vmapped_model
+    step_fn = _step_function(network, names, step.loss, step.proximal_mu, step.row_loss)
     buffers: dict[str, torch.Tensor] | None = None
     losses = torch.zeros((len(plan.active), slots), dtype=torch.float32)
     on_device = [t.to(device) for t in (plan.index, plan.weight, plan.count, plan.active, plan.lr)]

@@ -76,6 +76,11 @@ class ClientStep:
     vmapped driver, more per-client tensors computed from the stacked values before every
     step (FRL's top-k masks; the sequential model computes them itself).
     `as_tensor`: trained rows come back as a tensor on the step's device (FRL ranks there).
+    `vmapped_model` (optional): the network the vmapped driver runs instead of `model`: the
+    same parameters (names and shapes) and the same function, stated with operations that
+    torch.func.vmap batches where `model` uses one it runs client by client (FedAwS's bag
+    clients: a gather and a sum instead of embedding_bag); its values agree with `model`'s to
+    float rounding, and must not depend on which clients share a chunk.
 
     Sequential only: `optimizer(params, steps_per_epoch) -> (optimizer, scheduler | None)`, a
     local optimizer other than SGD (FLAG's Adam + OneCycle), and `mixed_precision` (bfloat16
@@ -97,6 +102,7 @@ class ClientStep:
     optimizer: Callable | None = None
     mixed_precision: bool = False
     row_loss: Callable[..., torch.Tensor] | None = None
+    vmapped_model: nn.Module | None = None
 
     @classmethod
     def of(cls, clients, **fields) -> ClientStep:

@@ -117,6 +117,21 @@ class XMLEmbeddingBag(nn.Module):
         pooled = F.embedding_bag(local_x, table, mode="mean", padding_idx=len(rows_table))
         return F.normalize(self.head(pooled), dim=-1)
 
+    def forward_rows_gathered(
+        self, local_x: torch.Tensor, rows_table: torch.Tensor
+    ) -> torch.Tensor:
+        """forward_rows() with each bag's mean taken as a gather of its rows and a sum over
+        the bag, divided by its count of real ids: operations torch.func.vmap batches (it has
+        no batching rule for embedding_bag and runs that one client at a time, forward and
+        backward). The same function as forward_rows; the sum's order differs, so the values
+        agree to float rounding. The padding row is zero, so padding ids add exact zeros: the
+        result does not depend on the table's width beyond the rows the ids name."""
+        padding = len(rows_table)
+        table = torch.cat([rows_table, rows_table.new_zeros((1, rows_table.shape[1]))])
+        summed = F.embedding(local_x, table).sum(dim=-2)
+        count = (local_x != padding).sum(dim=-1).clamp(min=1).to(summed.dtype)
+        return F.normalize(self.head(summed / count.unsqueeze(-1)), dim=-1)
+
 
 def xml_embedding_bag(
     input_shape: Sequence[int],
