@@ -268,6 +268,22 @@ def test_bit_packing_round_trips_permutations_with_exact_byte_counts(n):
     assert np.array_equal(rankcodec.unpack(packed, n, n), permutation)
 
 
+@pytest.mark.parametrize("n", [2, 5, 63, 64, 65, 640, 2048, 4096, 4097, 70_000])
+def test_both_bit_packing_paths_write_the_same_bytes(n, monkeypatch):
+    """Small arrays are packed through a matrix of single bits, large ones column by column:
+    the same bytes, and each path reads the other's, for whole permutations and partial ones."""
+    rng = np.random.default_rng(n)
+    for values in (rng.permutation(n), rng.integers(0, n, size=min(n, 4096) - 1)):
+        monkeypatch.setattr(rankcodec, "SMALL_ENTRIES", 1 << 30)
+        by_bits = rankcodec.pack(values, n)
+        monkeypatch.setattr(rankcodec, "SMALL_ENTRIES", 0)
+        by_columns = rankcodec.pack(values, n)
+        assert by_bits.tobytes() == by_columns.tobytes()
+        assert np.array_equal(rankcodec.unpack(by_bits, n, len(values)), values)
+        monkeypatch.setattr(rankcodec, "SMALL_ENTRIES", 1 << 30)
+        assert np.array_equal(rankcodec.unpack(by_columns, n, len(values)), values)
+
+
 def test_bit_packing_layout_errors_and_the_multi_layer_formula():
     # 2 bits each, least significant bit first: 1 -> 10, 2 -> 01, 3 -> 11 => 0b00111001
     assert rankcodec.pack(np.array([1, 2, 3]), 4).tolist() == [0b00111001]
