@@ -199,6 +199,36 @@ def test_a_clients_result_does_not_depend_on_its_chunk(threads):
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("on_host", [True, False])
+def test_start_rows_are_stacked_with_shared_pieces_broadcast(on_host, monkeypatch):
+    """A start (or StartParts piece) every client shares is broadcast, the others stacked,
+    padding slots zero; the device way (a GPU's: torch writes) is forced here on the CPU and
+    writes the same values as the host way."""
+    from raysim.core import batched_training
+    from raysim.core.client_step import StartParts
+
+    monkeypatch.setattr(batched_training, "_rows_written_on_host", lambda device: on_host)
+    rng = np.random.default_rng(0)
+    shared = rng.standard_normal(7).astype(np.float32)
+    own = [rng.standard_normal(3).astype(np.float32) for _ in range(3)]
+    # theta's dense part seen through a new view per client, as StartParts makes it
+    parts = [StartParts(shared.reshape(-1), own[i], np.float32([i])) for i in range(3)]
+    stacked = batched_training._stacked_starts(parts, 5, torch.device("cpu")).numpy()
+    expected = np.zeros((5, 11), dtype=np.float32)
+    for i in range(3):
+        expected[i] = np.concatenate([shared, own[i], [i]])
+    assert stacked.tobytes() == expected.tobytes()
+    # whole rows: one shared (FedAvg's global model), one per client, tensors (FRL's scores)
+    for starts in ([shared] * 3, own, [torch.from_numpy(row) for row in own]):
+        stacked = batched_training._stacked_starts(starts, 4, torch.device("cpu")).numpy()
+        rows = [np.asarray(start) for start in starts]
+        assert stacked.tobytes() == np.stack([*rows, np.zeros_like(rows[0])]).tobytes()
+    read_only = shared.copy()
+    read_only.flags.writeable = False  # Ray's zero-copy payload: no torch warning, same values
+    stacked = batched_training._stacked_starts([read_only] * 2, 2, torch.device("cpu"))
+    assert stacked.numpy().tobytes() == np.stack([shared, shared]).tobytes()
+
+
 def test_a_row_loss_trains_each_client_as_the_loss_taken_row_by_row():
     """A step's `row_loss` (one call for a batch's rows) gives every ragged client the very
     result the vmapped driver gets taking `loss` one row at a time, bit for bit."""
