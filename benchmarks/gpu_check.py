@@ -26,7 +26,7 @@
       supermask clients (MLP supernet; batched on a GPU only), 100 and 1,000 a round. And
       benchmarks/bag_pooling.py at the flagship's shapes: the vmapped bag clients' pooling
       step (a gather and a sum) against embedding_bag in vmap's per-client fallback, 16, 128
-      and 1,024 clients: milliseconds and operations a step.
+      and 512 clients: milliseconds and operations a step.
   (f) The flagship, examples/fedaws_amazon670k.py's FedAwS at full scale (its `--scale 1`
       config, built by the example's own base_config: 670,091 classes, 4,000 one-class
       clients a round), 3 rounds on the Ray backend with clients.batched, the one GPU shared by
