@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -253,6 +255,45 @@ def test_a_row_loss_trains_each_client_as_the_loss_taken_row_by_row():
     want_rows, want_losses = trained(step)
     assert rows.tobytes() == want_rows.tobytes()
     assert np.array_equal(np.asarray(losses), np.asarray(want_losses), equal_nan=True)
+
+
+def test_the_vmapped_driver_runs_the_steps_vmapped_model_and_the_sequential_its_model():
+    """`ClientStep.vmapped_model`: the vmapped driver runs it in place of `model` (same
+    parameter names; here the same function stated twice, one of them counting its calls),
+    and the sequential driver never does; the two agree to float rounding."""
+    from dataclasses import replace
+
+    from raysim.core.client_step import train_one
+
+    model, start, xs, ys = _ragged()
+
+    class Counted(nn.Sequential):
+        """`model`'s layers under the same names, counting its forward calls."""
+
+        calls = 0
+
+        def forward(self, x):
+            Counted.calls += 1
+            return super().forward(x)
+
+    counted = Counted(*(copy.deepcopy(layer) for layer in model))
+    step = ClientStep(model=model, loss=nn.functional.cross_entropy, lr=0.05, **HYPER)
+    ids = range(len(SIZES))
+    batch = ClientBatch(
+        tuple(ids),
+        tuple(xs),
+        tuple(ys),
+        tuple(torch.Generator().manual_seed(100 + i) for i in ids),
+        rows=16,
+    )
+    rows, _ = train_batched(replace(step, vmapped_model=counted), [start] * len(SIZES), batch)
+    assert Counted.calls > 0
+    calls = Counted.calls
+    for i in ids:
+        generator = torch.Generator().manual_seed(100 + i)
+        alone, _ = train_one(replace(step, vmapped_model=counted), start, xs[i], ys[i], generator)
+        assert float(np.abs(alone - rows[i]).max()) <= 1e-6
+    assert Counted.calls == calls  # the sequential driver ran `model`, not the vmapped one
 
 
 def test_a_fedavg_subclass_with_a_loss_of_its_own_gets_no_row_loss(digits_config):
