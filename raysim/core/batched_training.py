@@ -471,9 +471,10 @@ def _step_function(model, names, batch_loss, proximal_mu, row_loss=None):
         return loss
 
     # Not a vmapped forward and one backward of the summed losses: ~0.2 ms a step cheaper for
-    # a small MLP, but an op without a batching rule (embedding_bag) runs in vmap's fallback,
-    # whose per-client `select` puts a zero gradient the size of the whole stack into the
-    # backward for every client: quadratic in the chunk (FedAwS's bag clients 3.5x slower).
+    # a small MLP, but an op without a batching rule (a plug-in's model may have one) runs in
+    # vmap's fallback, whose per-client `select` puts a zero gradient the size of the whole
+    # stack into the backward for every client: quadratic in the chunk (FedAwS's bag clients,
+    # when they still pooled with embedding_bag, trained 3.5x slower).
     return torch.func.vmap(torch.func.grad_and_value(loss_of), randomness="error")
 
 

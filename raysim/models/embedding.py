@@ -112,8 +112,7 @@ class XMLEmbeddingBag(nn.Module):
         `local_x` comes from `remap(x, rows)`; the result equals `forward(x)`, and the gradient
         w.r.t. `rows_table` is (len(rows), bag_dim) instead of the whole table.
         """
-        padding_row = rows_table.new_zeros((1, rows_table.shape[1]))
-        table = torch.cat([rows_table, padding_row])
+        table = _with_padding_row(rows_table)
         pooled = F.embedding_bag(local_x, table, mode="mean", padding_idx=len(rows_table))
         return F.normalize(self.head(pooled), dim=-1)
 
@@ -126,11 +125,14 @@ class XMLEmbeddingBag(nn.Module):
         backward). The same function as forward_rows; the sum's order differs, so the values
         agree to float rounding. The padding row is zero, so padding ids add exact zeros: the
         result does not depend on the table's width beyond the rows the ids name."""
-        padding = len(rows_table)
-        table = torch.cat([rows_table, rows_table.new_zeros((1, rows_table.shape[1]))])
-        summed = F.embedding(local_x, table).sum(dim=-2)
-        count = (local_x != padding).sum(dim=-1).clamp(min=1).to(summed.dtype)
+        summed = F.embedding(local_x, _with_padding_row(rows_table)).sum(dim=-2)
+        count = (local_x != len(rows_table)).sum(dim=-1).clamp(min=1).to(summed.dtype)
         return F.normalize(self.head(summed / count.unsqueeze(-1)), dim=-1)
+
+
+def _with_padding_row(rows_table: torch.Tensor) -> torch.Tensor:
+    """`rows_table` and a zero row after it: the row of the padding id len(rows_table)."""
+    return torch.cat([rows_table, rows_table.new_zeros((1, rows_table.shape[1]))])
 
 
 def xml_embedding_bag(

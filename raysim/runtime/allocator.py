@@ -34,28 +34,34 @@ _M_MMAP_THRESHOLD = -3
 HEAP_UP_TO_BYTES = 32 * 1024 * 1024  # glibc's largest mmap threshold on 64-bit
 KEEP_FREED_BYTES = 256 * 1024 * 1024
 
-_TUNED_IN: int | None = None  # the process id that set the options (a fork inherits them)
+# (the process id that tried, whether the options are set): tried once per process, since
+# a Ray worker calls this for every task and platform.libc_ver() reads the Python executable
+# (a fork inherits the options, not the need to try)
+_TRIED: tuple[int, bool] | None = None
 
 
 def tune_malloc(enabled: bool) -> bool:
     """Set glibc's options in this process (once; `enabled`: `runtime.tune_malloc`). True if
     they are set, now or before; False where disabled or not glibc."""
-    global _TUNED_IN
+    global _TRIED
     if not enabled:
         return False
-    if _TUNED_IN == os.getpid():
-        return True
+    if _TRIED is not None and _TRIED[0] == os.getpid():
+        return _TRIED[1]
+    done = _set_options()
+    _TRIED = (os.getpid(), done)
+    return done
+
+
+def _set_options() -> bool:
     if platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
         done = libc.mallopt(_M_MMAP_THRESHOLD, HEAP_UP_TO_BYTES) == 1
-        done = libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES) == 1 and done
+        return libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES) == 1 and done
     except (OSError, AttributeError):  # a glibc without mallopt: nothing to tune
         return False
-    if done:
-        _TUNED_IN = os.getpid()
-    return done
 
 
 __all__ = ["HEAP_UP_TO_BYTES", "KEEP_FREED_BYTES", "tune_malloc"]
