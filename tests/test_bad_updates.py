@@ -171,7 +171,13 @@ def _round_updates(digits_config, *overrides):
         0,
         ids,
     )
-    return backend, info, updates
+    return backend, info, one_by_one(updates)
+
+
+def one_by_one(updates):
+    """A task's result as the clients' own updates (a dense task sends them stacked as one
+    WireChunk: tests/test_wire_chunk.py)."""
+    return [one for sent in updates for one in getattr(sent, "updates", lambda s=sent: [s])()]
 
 
 def _one_round(server, info, updates, initial):
@@ -309,7 +315,7 @@ def _run_with_a_bad_client(digits_config, tmp_path, monkeypatch, algorithm_class
         monkeypatch.setattr(
             Server,
             "add",
-            lambda self, ups: add(self, [u for u in ups if u.client_id != bad_client]),
+            lambda self, ups: add(self, [u for u in one_by_one(ups) if u.client_id != bad_client]),
         )
     out = tmp_path / ("reference" if drop else "bad")
     return bad_client, run(cfg, out, progress=False, tensorboard=False), out
@@ -438,7 +444,9 @@ def _run_with_a_poisoning_client(digits_config, tmp_path, monkeypatch, overrides
     if drop:
         add = Server.add
         monkeypatch.setattr(
-            Server, "add", lambda self, ups: add(self, [u for u in ups if u.client_id != 0])
+            Server,
+            "add",
+            lambda self, ups: add(self, [u for u in one_by_one(ups) if u.client_id != 0]),
         )
     result = run(
         digits_config(*WRECK_ROUNDS, *overrides),

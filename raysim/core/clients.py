@@ -16,8 +16,9 @@ from raysim.core.algorithm import AlgorithmHooks, RunContext
 from raysim.core.batched_training import batched_updates
 from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
-from raysim.core.state import ReducedUpdate, WireUpdate
+from raysim.core.state import ReducedUpdate, WireChunk, WireUpdate
 from raysim.core.validation import metrics_problem, samples_problem, wire_format
+from raysim.core.wire_chunk import TaskMessages
 from raysim.seeds import client_generators
 
 
@@ -34,8 +35,9 @@ def train_clients(
     personal_payloads: Sequence | None = None,
     attempts: Sequence[int] | None = None,
     hard_exits: bool = False,
-) -> list[WireUpdate | ReducedUpdate]:
+) -> list[WireUpdate | WireChunk | ReducedUpdate]:
     """Run local training for `client_ids` one after another; updates in the same order.
+    Under the dense codec they leave as one WireChunk (raysim.core.wire_chunk).
 
     With `personal_payloads` (one per client, from the algorithm's `client_payload`), each
     client receives `(payload, its personal payload)`. An algorithm with a `task_reducer`
@@ -57,6 +59,9 @@ def train_clients(
     # Updates leave the task encoded by the run's codec (what crosses the wire).
     codec, layout = wire_format(algorithm, ctx) if reducer is None else (None, None)
     reduced = ReducedUpdate([], [], None, [], 0)
+    # Updates leave the task as one stacked WireChunk where the codec allows (dense), else
+    # one by one (raysim.core.wire_chunk).
+    messages = TaskMessages(codec, layout, len(client_ids)) if reducer is None else None
     faults = FaultPlan.from_config(ctx.config)
     if faults is not None:
         for position, client_id in enumerate(client_ids):
@@ -67,7 +72,6 @@ def train_clients(
         # Same thread count on every backend: float results can depend on it.
         torch.set_num_threads(ctx.client_threads)
     try:
-        updates: list[WireUpdate | ReducedUpdate] = []
         # clients.batched: the task's clients trained a chunk at a time (None: one by one).
         batched = None
         if ctx.config.clients.batched:
@@ -89,7 +93,9 @@ def train_clients(
             client_id = int(client_id)
             rows = indices[offsets[client_id] : offsets[client_id + 1]]
             if batched is not None:
-                update = batched[position]
+                # let go of it as it is taken: a chunk's deltas are freed once all its rows
+                # are in `messages`, so the task never holds its updates twice
+                update, batched[position] = batched[position], None
             else:
                 x = torch.from_numpy(train_x[rows])
                 y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))
@@ -99,7 +105,7 @@ def train_clients(
                 )
                 update = algorithm.client_update(client_payload, x, y, client_id, generator, ctx)
             if reducer is None:
-                updates.append(update.encoded(codec, layout))
+                messages.add(update)
                 continue
             # The reducer checks each update before folding it in (the server never sees
             # them one by one); a refused update is left out, as if the client dropped out.
@@ -121,10 +127,12 @@ def train_clients(
             reduced.num_samples.append(update.num_samples)
             reduced.metrics.append(update.metrics)
             reduced.bytes_up += encoded_nbytes(update.vector)
-        if reducer is not None and (reduced.client_ids or reduced.rejected):
-            reduced.message = reducer.result() if reduced.client_ids else None
-            updates.append(reduced)
-        return updates
+        if reducer is None:
+            return messages.result()
+        if not (reduced.client_ids or reduced.rejected):
+            return []
+        reduced.message = reducer.result() if reduced.client_ids else None
+        return [reduced]
     finally:
         if previous_threads != ctx.client_threads:
             torch.set_num_threads(previous_threads)

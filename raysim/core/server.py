@@ -27,6 +27,7 @@ from raysim.core.state import (
     RoundInfo,
     RoundStats,
     ServerState,
+    WireChunk,
     WireUpdate,
 )
 from raysim.core.validation import (
@@ -36,6 +37,7 @@ from raysim.core.validation import (
     wire_format,
     wire_nbytes,
 )
+from raysim.core.wire_chunk import chunk_problem, rows_pass, stacks
 from raysim.errors import ConfigError
 
 
@@ -196,62 +198,101 @@ class Server:
         self._heard_from: set[int] = set()
         self._bound = self._update_bound()
 
-    def add(self, updates: Iterable[WireUpdate | ReducedUpdate]) -> None:
+    def add(self, updates: Iterable[WireUpdate | WireChunk | ReducedUpdate]) -> None:
         """Fold in updates, in client-id order. Linear aggregators keep O(model) memory."""
         started = time.perf_counter()
-        stats, info, fold, collusion = self._stats, self._info, self._fold, self._collusion
         for update in updates:
             if isinstance(update, ReducedUpdate):
                 self._add_reduced(update)
-                continue
-            if not isinstance(update, WireUpdate):  # a backend's bug, not a client's
+            elif isinstance(update, WireChunk):
+                if not self._add_chunk_at_once(update):
+                    for one in update.updates():
+                        self._add_one(one)
+            elif isinstance(update, WireUpdate):
+                self._add_one(update)
+            else:  # a backend's bug, not a client's
                 raise TypeError(
                     f"Server.add got a {type(update).__name__}, expected a WireUpdate (a "
-                    "ClientUpdate encoded by its task: `update.encoded(codec, layout)`) or a "
-                    "ReducedUpdate"
+                    "ClientUpdate encoded by its task: `update.encoded(codec, layout)`), a "
+                    "WireChunk or a ReducedUpdate"
                 )
-            if update.client_id in collusion.pool:  # the attacker's own training, not sent
-                collusion.knowledge.append(self.codec.decode(update.message, self.layout))
-                self._maybe_fold_crafted()
-                continue
-            # Checked before anything of it is counted or folded (raysim.core.validation):
-            # one update per sampled client, then its contents.
-            problem = self._sender_problem(update.client_id) or self._samples_problem(update)
-            vector, norm = None, math.nan
-            if problem is None:
-                vector, problem = decode_checked(self.codec, self.layout, update)
-            if problem is None and np.issubdtype(vector.dtype, np.floating):
-                with np.errstate(over="ignore"):  # a huge update's norm is inf: refused below
-                    norm = float(np.linalg.norm(vector))  # rank positions have no useful norm
-                problem = self._magnitude_problem(norm)
-            if problem is not None:
-                stats.clients_rejected += 1
-                stats.rejected.append(
-                    describe_rejection(update.client_id, info.round_index, problem)
-                )
-                if self.attack is not None and update.client_id < info.malicious_below:
-                    collusion.malicious_rejected += 1
-                    self._maybe_fold_crafted()
-                continue
-            stats.clients_done += 1
-            # the encoded update, plus the declared statistics (8 bytes each)
-            stats.bytes_up += wire_nbytes(self.codec, update.message) + encoded_nbytes(update.stats)
-            fold.add_loss(update.metrics.get("loss", math.nan), update.num_samples)
-            fold.add_norm(norm)
-            if self._weigh is not None:
-                vector = self._weigh(self.state, info.round_index, int(update.client_id), vector)
-            contribution = Contribution(
-                int(update.client_id), vector, int(update.num_samples), dict(update.stats)
-            )
+        self._fold.aggregate_s += time.perf_counter() - started
+
+    def _add_one(self, update: WireUpdate) -> None:
+        stats, info, fold, collusion = self._stats, self._info, self._fold, self._collusion
+        if update.client_id in collusion.pool:  # the attacker's own training, not sent
+            collusion.knowledge.append(self.codec.decode(update.message, self.layout))
+            self._maybe_fold_crafted()
+            return
+        # Checked before anything of it is counted or folded (raysim.core.validation):
+        # one update per sampled client, then its contents.
+        problem = self._sender_problem(update.client_id) or self._samples_problem(update)
+        vector, norm = None, math.nan
+        if problem is None:
+            vector, problem = decode_checked(self.codec, self.layout, update)
+        if problem is None and np.issubdtype(vector.dtype, np.floating):
+            with np.errstate(over="ignore"):  # a huge update's norm is inf: refused below
+                norm = float(np.linalg.norm(vector))  # rank positions have no useful norm
+            problem = self._magnitude_problem(norm)
+        if problem is not None:
+            stats.clients_rejected += 1
+            stats.rejected.append(describe_rejection(update.client_id, info.round_index, problem))
             if self.attack is not None and update.client_id < info.malicious_below:
-                # Malicious clients (and the attacker's pool) have the lowest ids, so they all
-                # arrive before any honest client; once the last one is in, they collude and
-                # their crafted updates are folded in their place (still in client-id order).
-                collusion.malicious.append(contribution)
+                collusion.malicious_rejected += 1
                 self._maybe_fold_crafted()
-                continue
-            fold.fold(contribution)
-        fold.aggregate_s += time.perf_counter() - started
+            return
+        stats.clients_done += 1
+        # the encoded update, plus the declared statistics (8 bytes each)
+        stats.bytes_up += wire_nbytes(self.codec, update.message) + encoded_nbytes(update.stats)
+        fold.add_loss(update.metrics.get("loss", math.nan), update.num_samples)
+        fold.add_norm(norm)
+        if self._weigh is not None:
+            vector = self._weigh(self.state, info.round_index, int(update.client_id), vector)
+        contribution = Contribution(
+            int(update.client_id), vector, int(update.num_samples), dict(update.stats)
+        )
+        if self.attack is not None and update.client_id < info.malicious_below:
+            # Malicious clients (and the attacker's pool) have the lowest ids, so they all
+            # arrive before any honest client; once the last one is in, they collude and
+            # their crafted updates are folded in their place (still in client-id order).
+            collusion.malicious.append(contribution)
+            self._maybe_fold_crafted()
+            return
+        fold.fold(contribution)
+
+    def _add_chunk_at_once(self, chunk: WireChunk) -> bool:
+        """Fold in a chunk's rows with whole-array checks (raysim.core.wire_chunk); False,
+        having changed nothing, when the run or a row needs them one by one (an attack, updates
+        weighed by staleness, a codec other than dense, any row the checks would refuse)."""
+        problem = chunk_problem(chunk)
+        if problem is not None:  # the task builds chunks: a backend's bug, not a client's
+            raise TypeError(f"Server.add got a malformed WireChunk: {problem}")
+        if self.attack is not None or self._weigh is not None or not stacks(self.codec):
+            return False
+        norms = rows_pass(
+            chunk, self.layout, self._sampled, self._heard_from, self.client_sizes, self._bound
+        )
+        if norms is None:
+            return False
+        stats, fold = self._stats, self._fold
+        ids = chunk.client_ids.tolist()
+        self._heard_from.update(ids)
+        stats.clients_done += len(ids)
+        row_bytes = wire_nbytes(self.codec, chunk.messages[0]) if len(ids) else 0
+        stats.bytes_up += row_bytes * len(ids) + sum(encoded_nbytes(s) for s in chunk.stats)
+        for client_id, num_samples, row, metrics, declared, norm in zip(
+            ids,
+            chunk.num_samples.tolist(),
+            chunk.messages,
+            chunk.metrics,
+            chunk.stats,
+            norms,
+            strict=True,
+        ):
+            fold.add_loss(metrics.get("loss", math.nan), num_samples)
+            fold.add_norm(norm)
+            fold.fold(Contribution(client_id, row, num_samples, dict(declared)))
+        return True
 
     def record_failure(self, client_id: int) -> None:
         """One failed attempt at training `client_id` (any order; it is retried or dropped)."""

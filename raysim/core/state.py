@@ -78,6 +78,41 @@ class WireUpdate:
 
 
 @dataclass(frozen=True)
+class WireChunk:
+    """Several clients' updates of one batched chunk as one message (raysim.core.wire_chunk):
+    row i of `messages` is client `client_ids[i]`'s update encoded by the run's codec, for a
+    codec whose message is the vector itself (dense). One array instead of one per client: a
+    task returns (and Ray serialises) one object, and the server checks and folds the rows
+    with whole-array operations, with the same results as for the clients' `WireUpdate`s one
+    by one (`updates()`), in client-id order. Built by the client task, never by an algorithm.
+    """
+
+    client_ids: np.ndarray  # int64, ascending as the task trained them
+    num_samples: np.ndarray  # int64, one per client
+    messages: np.ndarray  # (clients, entries)
+    metrics: tuple[dict[str, float], ...]
+    stats: tuple[dict[str, float], ...]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_ids)
+
+    def updates(self) -> list[WireUpdate]:
+        """The chunk as the clients' own updates (rows are views, nothing copied)."""
+        return [
+            WireUpdate(int(c), int(n), row, m, s)
+            for c, n, row, m, s in zip(
+                self.client_ids,
+                self.num_samples,
+                self.messages,
+                self.metrics,
+                self.stats,
+                strict=True,
+            )
+        ]
+
+
+@dataclass(frozen=True)
 class Contribution:
     """One client's part of a round, as an aggregator sees it: the decoded update vector,
     its number of training samples and the statistics it declared (checked: finite numbers)."""
@@ -111,6 +146,20 @@ class ReducedUpdate:
     @property
     def num_clients(self) -> int:
         return len(self.client_ids)
+
+
+def clients_in(updates) -> int:
+    """How many clients a task's result speaks for: a WireUpdate one, a WireChunk its rows, a
+    ReducedUpdate the clients it folded and those it refused."""
+    count = 0
+    for update in updates:
+        if isinstance(update, ReducedUpdate):
+            count += update.num_clients + len(update.rejected)
+        elif isinstance(update, WireChunk):
+            count += update.num_clients
+        else:
+            count += 1
+    return count
 
 
 @dataclass(frozen=True)

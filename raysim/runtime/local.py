@@ -16,7 +16,7 @@ from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset, load_dataset
 from raysim.data.partition import ClientSplit
 from raysim.errors import ConfigError
-from raysim.runtime import client_state
+from raysim.runtime import client_state, collector
 from raysim.runtime.allocator import tune_malloc
 
 
@@ -47,6 +47,7 @@ class LocalBackend:
         self.split = split
         self.server = Server(ctx, ServerData.of(dataset, split, schedule))
         self.algorithm = build_algorithm(ctx)
+        self._run_key = object()  # this run, for the garbage collector's settings (collector)
 
     def run_round(
         self, info: RoundInfo, evaluate: bool, next_info: RoundInfo | None = None
@@ -75,6 +76,7 @@ class LocalBackend:
         stats.clients_s = stats.client_compute_s = clients_s
         stats.tasks = 1
         stats.trained_in = "this process"
+        collector.after_round(self._run_key)
         return stats
 
     def _run_round_with_faults(self, info: RoundInfo, evaluate: bool, started: float) -> RoundStats:
@@ -146,4 +148,4 @@ class LocalBackend:
         return None
 
     def shutdown(self) -> None:
-        pass
+        collector.release()

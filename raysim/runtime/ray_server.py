@@ -21,9 +21,10 @@ from raysim.core.algorithm import RunContext
 from raysim.core.clients import chunk_clients
 from raysim.core.faults import CapacityWatch, FaultPlan, ServerLost
 from raysim.core.server import Server, ServerData
-from raysim.core.state import RoundInfo, RoundStats, ServerState
+from raysim.core.state import RoundInfo, RoundStats, ServerState, clients_in
 from raysim.models.devices import task_num_gpus
 from raysim.process_memory import peak_rss_bytes
+from raysim.runtime import collector
 from raysim.runtime.allocator import tune_malloc
 from raysim.runtime.ray_errors import one_line_error
 from raysim.runtime.ray_metrics import RoundMetrics
@@ -180,6 +181,7 @@ class ServerActor:
         stats.task_retries = retries
         self.metrics.record(stats)
         self._publish_payload()
+        collector.after_round(self.run_ref[0].hex())  # this actor's process: one run
         return stats
 
     def _train_here(self, info: RoundInfo, payload, personal) -> tuple[list, float]:
@@ -217,7 +219,7 @@ class ServerActor:
             stats.server_place_failed = f"{type(error).__name__}: {error}"[:200]
             return stats
         self.server.add(updates)
-        self.clients_here += len(updates)
+        self.clients_here += clients_in(updates)
         stats = self._finish_round(evaluate, compute_s, compute_s, 0)  # 0 tasks: trained here
         stats.trained_in = "the server actor"
         if next_round is not None:

@@ -20,6 +20,7 @@ from raysim.core.algorithm import RunContext
 from raysim.core.clients import train_clients
 from raysim.data.datasets import Dataset
 from raysim.data.partition import ClientSplit
+from raysim.runtime import collector
 from raysim.runtime.allocator import tune_malloc
 from raysim.runtime.ray_errors import one_line_error
 
@@ -153,4 +154,5 @@ def train_with_bundle(
         attempts=attempts,
         hard_exits=hard_exits,
     )
+    collector.after_round(run_ref.hex())  # a worker may serve several runs, one at a time
     return updates, time.perf_counter() - started

@@ -1,0 +1,234 @@
+"""A dense task's updates travel as one WireChunk (raysim.core.wire_chunk), and the server's
+whole-array checks and fold give what the clients' updates one by one give, bit for bit: the
+same state, loss, norms and bytes when all pass, the same rejection lines when a row fails."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import numpy as np
+import pytest
+
+from raysim.core.codecs import Dense, Signs, VectorLayout
+from raysim.core.server import Server
+from raysim.core.state import (
+    ClientUpdate,
+    ReducedUpdate,
+    RoundInfo,
+    WireChunk,
+    WireUpdate,
+    clients_in,
+)
+from raysim.core.wire_chunk import TaskMessages
+from raysim.runtime import collector
+
+SMALL = ("partition.num_clients=8", "clients.per_round=6", "run.rounds=1", "model.hidden=[16]")
+
+
+def _round(digits_config, *overrides):
+    """A local backend after one round's client training: (backend, info, task result)."""
+    from raysim.assembly import plan_run
+    from raysim.core.clients import train_clients
+    from raysim.data.datasets import load_dataset
+    from raysim.runtime.local import LocalBackend
+    from raysim.seeds import sample_clients
+
+    cfg = digits_config(*SMALL, *overrides)
+    dataset = load_dataset(cfg)
+    plan = plan_run(cfg, dataset)
+    backend = LocalBackend(plan.ctx, dataset, plan.split)
+    ids = sample_clients(cfg.run.seed, 0, plan.split.num_clients, cfg.clients.per_round)
+    sent = train_clients(
+        backend.ctx,
+        backend.algorithm,
+        backend.server.payload(),
+        dataset.train_x,
+        dataset.train_y,
+        plan.split.indices,
+        plan.split.offsets,
+        0,
+        ids,
+    )
+    return backend, RoundInfo(0, ids), sent
+
+
+def _fold(server, info, updates, initial, monkeypatch):
+    """One round's end from `updates`; also how many updates went the one-by-one way."""
+    one_by_one = []
+    add_one = Server._add_one
+    monkeypatch.setattr(
+        Server, "_add_one", lambda self, update: (one_by_one.append(1), add_one(self, update))
+    )
+    server.set_state(initial)
+    server.start_round(info)
+    server.add(updates)
+    stats = server.finish_round(evaluate=False)
+    monkeypatch.setattr(Server, "_add_one", add_one)
+    return stats, server.get_state(), len(one_by_one)
+
+
+def _same_round(a, b):
+    (stats_a, state_a), (stats_b, state_b) = a, b
+    for key in ("clients_done", "clients_rejected", "rejected", "bytes_up", "model_updated"):
+        assert getattr(stats_a, key) == getattr(stats_b, key), key
+    for key in ("train_loss", "update_norm_mean"):  # the same bits (NaN only if both)
+        assert np.array_equal(getattr(stats_a, key), getattr(stats_b, key), equal_nan=True), key
+    assert state_a.arrays.keys() == state_b.arrays.keys()
+    for key in state_a.arrays:
+        assert np.array_equal(state_a.arrays[key], state_b.arrays[key]), key
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_dense_task_sends_one_chunk_folded_as_its_updates_one_by_one(
+    digits_config, monkeypatch, batched
+):
+    backend, info, sent = _round(digits_config, f"clients.batched={str(batched).lower()}")
+    (chunk,) = sent
+    assert isinstance(chunk, WireChunk) and chunk.num_clients == len(info.client_ids)
+    assert chunk.client_ids.tolist() == info.client_ids.tolist()
+    server, initial = backend.server, backend.server.get_state().copy()
+    stats, state, slow = _fold(server, info, sent, initial, monkeypatch)
+    assert slow == 0  # every row checked and folded at once
+    stats_one, state_one, slow_one = _fold(server, info, chunk.updates(), initial, monkeypatch)
+    assert slow_one == len(info.client_ids)
+    _same_round((stats, state), (stats_one, state_one))
+    assert stats.clients_done == len(info.client_ids) and stats.model_updated
+    assert not np.array_equal(state.arrays["params"], initial.arrays["params"])
+
+
+def _row(chunk: WireChunk, position: int, **changes) -> WireChunk:
+    """`chunk` with row `position` changed (fields of the chunk, one entry each)."""
+    fields = {
+        "client_ids": chunk.client_ids.copy(),
+        "num_samples": chunk.num_samples.copy(),
+        "messages": chunk.messages.copy(),
+        "metrics": list(chunk.metrics),
+        "stats": list(chunk.stats),
+    }
+    for name, value in changes.items():
+        fields[name][position] = value(fields[name][position]) if callable(value) else value
+    fields["metrics"], fields["stats"] = tuple(fields["metrics"]), tuple(fields["stats"])
+    return WireChunk(**fields)
+
+
+def _nan_row(row):
+    row = row.copy()
+    row[3] = np.nan
+    return row
+
+
+BAD_ROWS = [
+    ("NaN", {"messages": _nan_row}, "NaN/Inf entries"),
+    ("huge", {"messages": lambda row: row + 1e6}, "server.max_update_ratio"),
+    ("not sampled", {"client_ids": 7_000}, "was not sampled"),
+    ("twice", {"client_ids": "previous"}, "a second update from this client"),
+    ("more samples than held", {"num_samples": 100_000}, "holds"),
+    ("negative samples", {"num_samples": -1}, "expected an integer >= 0"),
+    ("metric not a number", {"metrics": {"loss": "low"}}, "is a str, expected a number"),
+    ("stat not finite", {"stats": {"labels": float("inf")}}, "expected a finite number"),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "change", "reason"), BAD_ROWS, ids=[what for what, _, _ in BAD_ROWS]
+)
+def test_a_bad_row_is_refused_with_its_own_line_and_the_others_fold(
+    digits_config, monkeypatch, what, change, reason
+):
+    backend, info, (chunk,) = _round(digits_config)
+    if change.get("client_ids") == "previous":
+        change = {"client_ids": int(chunk.client_ids[1])}
+    bad = _row(chunk, 2, **change)
+    server, initial = backend.server, backend.server.get_state().copy()
+    stats, state, slow = _fold(server, info, [bad], initial, monkeypatch)
+    assert slow == bad.num_clients  # the whole chunk went one by one
+    one_by_one = _fold(server, info, bad.updates(), initial, monkeypatch)[:2]
+    _same_round((stats, state), one_by_one)
+    assert stats.clients_rejected == 1 and len(stats.rejected) == 1
+    assert reason in stats.rejected[0], stats.rejected
+    assert stats.clients_done == bad.num_clients - 1
+
+
+def test_a_malformed_chunk_is_a_backend_bug_in_one_line(digits_config):
+    backend, info, (chunk,) = _round(digits_config)
+    server = backend.server
+    server.start_round(info)
+    short = dataclasses.replace(chunk, num_samples=chunk.num_samples[:-1])
+    with pytest.raises(TypeError, match="malformed WireChunk: WireChunk.num_samples is not"):
+        server.add([short])
+    flat = dataclasses.replace(chunk, messages=chunk.messages.reshape(-1))
+    with pytest.raises(TypeError, match="WireChunk.messages is not a 2-D array"):
+        server.add([flat])
+
+
+def _update(client_id, vector, num_samples=4):
+    return ClientUpdate(client_id, num_samples, vector, {"loss": 0.5}, {})
+
+
+def test_task_messages_stack_what_the_server_would_take_and_send_the_rest_one_by_one():
+    dense, layout = Dense(), VectorLayout(3, np.dtype(np.float32))
+    rows = np.arange(9, dtype=np.float32).reshape(3, 3)
+    messages = TaskMessages(dense, layout, 3)
+    for client_id, row in enumerate(rows):
+        messages.add(_update(client_id, row))
+    (chunk,) = messages.result()
+    assert np.array_equal(chunk.messages, rows) and chunk.client_ids.tolist() == [0, 1, 2]
+    assert chunk.messages.base is not rows  # copied as they came: the task may drop its own
+
+    # a row of another dtype ends stacking: every update goes alone, with its own values
+    messages = TaskMessages(dense, layout, 3)
+    vectors = [rows[0], rows[1].astype(np.float64), rows[2]]
+    for client_id, vector in enumerate(vectors):
+        messages.add(_update(client_id, vector))
+    alone = messages.result()
+    assert [type(u) for u in alone] == [WireUpdate] * 3
+    for client_id, (update, vector) in enumerate(zip(alone, vectors, strict=True)):
+        assert update.client_id == client_id and update.num_samples == 4
+        assert update.message.dtype == vector.dtype and np.array_equal(update.message, vector)
+
+    # a count the server must see as it is (a bool), another codec, a single client: alone
+    only = rows[0]
+    for codec, count, updates in [
+        (dense, 2, [_update(0, rows[0]), _update(1, rows[1], num_samples=True)]),
+        (Signs(), 2, [_update(0, rows[0]), _update(1, rows[1])]),
+        (dense, 1, [_update(0, only)]),
+    ]:
+        messages = TaskMessages(codec, layout, count)
+        for update in updates:
+            messages.add(update)
+        sent = messages.result()
+        assert all(isinstance(u, WireUpdate) for u in sent) and len(sent) == len(updates)
+    assert sent[0].message is only  # dense, alone: the vector itself, as before
+
+
+def test_clients_in_counts_the_clients_of_a_tasks_result():
+    chunk = WireChunk(
+        np.arange(3, dtype=np.int64),
+        np.ones(3, dtype=np.int64),
+        np.zeros((3, 2), np.float32),
+        ({},) * 3,
+        ({},) * 3,
+    )
+    reduced = ReducedUpdate([5, 6], [1, 1], None, [{}, {}], 0, rejected=[(7, "NaN")])
+    one = WireUpdate(9, 1, np.zeros(2, np.float32))
+    assert clients_in([chunk, reduced, one]) == 3 + 3 + 1
+
+
+def test_the_collector_freezes_only_once_full_collections_happen_in_a_run():
+    assert gc.get_freeze_count() == 0
+    try:
+        collector.after_round("run a")  # the run's first round here: nothing frozen
+        collector.after_round("run a")
+        assert not collector.frozen()  # no full collection yet during the run
+        gc.collect()  # a full collection, as a large round brings
+        collector.after_round("run a")
+        assert collector.frozen() and gc.get_freeze_count() > 0
+        collector.after_round("run b")  # the next run in this process: all unfrozen
+        assert not collector.frozen() and gc.get_freeze_count() == 0
+        gc.collect()
+        collector.after_round("run b")
+        assert collector.frozen()
+    finally:
+        collector.release()
+    assert not collector.frozen() and gc.get_freeze_count() == 0
