@@ -23,7 +23,13 @@ from raysim.core.state import (
 from raysim.core.wire_chunk import TaskMessages
 from raysim.runtime import collector
 
-SMALL = ("partition.num_clients=8", "clients.per_round=6", "run.rounds=1", "model.hidden=[16]")
+SMALL = (
+    "partition.num_clients=8",
+    "clients.per_round=6",
+    "run.rounds=1",
+    "model.hidden=[16]",
+    "clients.batched=true",
+)
 
 
 def _round(digits_config, *overrides):
@@ -34,7 +40,7 @@ def _round(digits_config, *overrides):
     from raysim.runtime.local import LocalBackend
     from raysim.seeds import sample_clients
 
-    cfg = digits_config(*SMALL, *overrides)
+    cfg = digits_config(*SMALL, *overrides)  # clients.batched: one chunk of six clients
     dataset = load_dataset(cfg)
     plan = plan_run(cfg, dataset)
     backend = LocalBackend(plan.ctx, dataset, plan.split)
@@ -79,11 +85,10 @@ def _same_round(a, b):
         assert np.array_equal(state_a.arrays[key], state_b.arrays[key]), key
 
 
-@pytest.mark.parametrize("batched", [False, True])
-def test_a_dense_task_sends_one_chunk_folded_as_its_updates_one_by_one(
-    digits_config, monkeypatch, batched
+def test_a_batched_dense_task_sends_one_chunk_folded_as_its_updates_one_by_one(
+    digits_config, monkeypatch
 ):
-    backend, info, sent = _round(digits_config, f"clients.batched={str(batched).lower()}")
+    backend, info, sent = _round(digits_config)
     (chunk,) = sent
     assert isinstance(chunk, WireChunk) and chunk.num_clients == len(info.client_ids)
     assert chunk.client_ids.tolist() == info.client_ids.tolist()
@@ -166,40 +171,46 @@ def _update(client_id, vector, num_samples=4):
     return ClientUpdate(client_id, num_samples, vector, {"loss": 0.5}, {})
 
 
-def test_task_messages_stack_what_the_server_would_take_and_send_the_rest_one_by_one():
+def test_task_messages_stack_consecutive_rows_of_one_array_and_send_the_rest_alone():
     dense, layout = Dense(), VectorLayout(3, np.dtype(np.float32))
-    rows = np.arange(9, dtype=np.float32).reshape(3, 3)
-    messages = TaskMessages(dense, layout, 3)
-    for client_id, row in enumerate(rows):
-        messages.add(_update(client_id, row))
-    (chunk,) = messages.result()
-    assert np.array_equal(chunk.messages, rows) and chunk.client_ids.tolist() == [0, 1, 2]
-    assert chunk.messages.base is not rows  # copied as they came: the task may drop its own
+    deltas = np.arange(15, dtype=np.float32).reshape(5, 3)
+    other = deltas.copy()
 
-    # a row of another dtype ends stacking: every update goes alone, with its own values
-    messages = TaskMessages(dense, layout, 3)
-    vectors = [rows[0], rows[1].astype(np.float64), rows[2]]
-    for client_id, vector in enumerate(vectors):
-        messages.add(_update(client_id, vector))
-    alone = messages.result()
-    assert [type(u) for u in alone] == [WireUpdate] * 3
-    for client_id, (update, vector) in enumerate(zip(alone, vectors, strict=True)):
-        assert update.client_id == client_id and update.num_samples == 4
-        assert update.message.dtype == vector.dtype and np.array_equal(update.message, vector)
-
-    # a count the server must see as it is (a bool), another codec, a single client: alone
-    only = rows[0]
-    for codec, count, updates in [
-        (dense, 2, [_update(0, rows[0]), _update(1, rows[1], num_samples=True)]),
-        (Signs(), 2, [_update(0, rows[0]), _update(1, rows[1])]),
-        (dense, 1, [_update(0, only)]),
-    ]:
-        messages = TaskMessages(codec, layout, count)
+    def sent(updates, codec=dense):
+        messages = TaskMessages(codec, layout)
         for update in updates:
             messages.add(update)
-        sent = messages.result()
-        assert all(isinstance(u, WireUpdate) for u in sent) and len(sent) == len(updates)
-    assert sent[0].message is only  # dense, alone: the vector itself, as before
+        return messages.result()
+
+    (chunk,) = sent([_update(c, deltas[c]) for c in range(5)])
+    assert chunk.client_ids.tolist() == [0, 1, 2, 3, 4] and chunk.num_samples.tolist() == [4] * 5
+    assert np.shares_memory(chunk.messages, deltas) and np.array_equal(chunk.messages, deltas)
+
+    # runs end where the rows stop following each other: another array, a skipped row
+    parts = sent(
+        [_update(0, deltas[0]), _update(1, deltas[1]), _update(2, other[2]), _update(3, other[3])]
+        + [_update(4, other[0]), _update(5, deltas[4]), _update(6, deltas[2])]
+    )
+    assert [type(p).__name__ for p in parts] == ["WireChunk", "WireChunk"] + ["WireUpdate"] * 3
+    assert np.shares_memory(parts[0].messages, deltas)
+    assert np.shares_memory(parts[1].messages, other)
+    assert parts[1].client_ids.tolist() == [2, 3] and np.array_equal(parts[1].messages, other[2:4])
+    assert [p.client_id for p in parts[2:]] == [4, 5, 6]
+    assert np.array_equal(parts[4].message, deltas[2])
+
+    # what must reach the server as it is (a bool count), columns, vectors of their own,
+    # another codec: alone, each its own vector
+    square = np.arange(9, dtype=np.float32).reshape(3, 3)
+    for codec, updates in [
+        (dense, [_update(0, deltas[0]), _update(1, deltas[1], num_samples=True)]),
+        (dense, [_update(0, square[:, 0]), _update(1, square[:, 1])]),
+        (dense, [_update(0, deltas[0].copy()), _update(1, deltas[1].copy())]),
+        (Signs(), [_update(0, deltas[0]), _update(1, deltas[1])]),
+    ]:
+        alone = sent(updates, codec)
+        assert [type(u) for u in alone] == [WireUpdate] * 2
+        if codec is dense:
+            assert all(u.message is v.vector for u, v in zip(alone, updates, strict=True))
 
 
 def test_clients_in_counts_the_clients_of_a_tasks_result():

@@ -37,7 +37,7 @@ def train_clients(
     hard_exits: bool = False,
 ) -> list[WireUpdate | WireChunk | ReducedUpdate]:
     """Run local training for `client_ids` one after another; updates in the same order.
-    Under the dense codec they leave as one WireChunk (raysim.core.wire_chunk).
+    Under the dense codec a batched chunk's leave as one WireChunk (raysim.core.wire_chunk).
 
     With `personal_payloads` (one per client, from the algorithm's `client_payload`), each
     client receives `(payload, its personal payload)`. An algorithm with a `task_reducer`
@@ -59,9 +59,9 @@ def train_clients(
     # Updates leave the task encoded by the run's codec (what crosses the wire).
     codec, layout = wire_format(algorithm, ctx) if reducer is None else (None, None)
     reduced = ReducedUpdate([], [], None, [], 0)
-    # Updates leave the task as one stacked WireChunk where the codec allows (dense), else
-    # one by one (raysim.core.wire_chunk).
-    messages = TaskMessages(codec, layout, len(client_ids)) if reducer is None else None
+    # Under the dense codec a batched chunk's updates leave as one WireChunk of its rows
+    # (raysim.core.wire_chunk), the others one by one.
+    messages = TaskMessages(codec, layout) if reducer is None else None
     faults = FaultPlan.from_config(ctx.config)
     if faults is not None:
         for position, client_id in enumerate(client_ids):
@@ -93,9 +93,7 @@ def train_clients(
             client_id = int(client_id)
             rows = indices[offsets[client_id] : offsets[client_id + 1]]
             if batched is not None:
-                # let go of it as it is taken: a chunk's deltas are freed once all its rows
-                # are in `messages`, so the task never holds its updates twice
-                update, batched[position] = batched[position], None
+                update = batched[position]
             else:
                 x = torch.from_numpy(train_x[rows])
                 y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))

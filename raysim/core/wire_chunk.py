@@ -3,18 +3,18 @@ folded by the server with whole-array operations.
 
 A batched task trains thousands of clients in a few vmapped calls; sent one `WireUpdate` each,
 their updates then cost more in Python than the training itself (measured on a 10,000-client
-FedAvg round: ~30 us a client, in building, encoding, checking and folding one small message
-at a time, docs/BATCHED.md). With the dense codec a client's message is its vector, so a
-chunk's messages stack into one (clients, entries) array: one object for Ray to move, and one
-pass of the server's checks over all rows.
+FedAvg round on the CPU: ~30 us a client, in building, checking and folding one small message
+at a time, docs/BATCHED.md). Under the dense codec a client's message is its vector, and a
+batched chunk's vectors are rows of one array (its deltas), so the chunk's messages are that
+array's rows: one object for Ray to move, uncopied, and one pass of the server's checks.
 
 Nothing changes in what the server accepts or computes. `TaskMessages` stacks only updates of
-the plain dense codec, with integer ids and sample counts and 1-D float vectors of one length
-and dtype (anything else goes one by one, where the per-client checks name what is wrong).
-`rows_pass` runs the server's checks on the whole chunk; when any row fails one, the server
-takes the chunk's updates one by one (`WireChunk.updates()`), so a refused row gets the same
-line as it would alone. The rows' norms are each computed as `np.linalg.norm` computes a 1-D
-vector's (sqrt of its dot with itself), so the round's sums are the same bits.
+the plain dense codec whose vectors lie one after another in one C-contiguous float array, with
+integer ids and sample counts (anything else goes alone, where the per-client checks name what is
+wrong). `rows_pass` runs the server's checks on the whole chunk; when any row fails one, the
+server takes the chunk's updates one by one (`WireChunk.updates()`), so a refused row gets the
+same line as it would alone. Each row's norm is computed as `np.linalg.norm` computes a 1-D
+vector's (the square root of its dot with itself), so the round's sums are the same bits.
 """
 
 from __future__ import annotations
@@ -34,63 +34,80 @@ def stacks(codec) -> bool:
 
 
 class TaskMessages:
-    """What a task sends, built as its clients finish: their updates written as rows of one
-    WireChunk while they stack (see the module's docstring), else each encoded alone.
+    """What a task sends, built as its clients finish: each run of updates whose vectors lie
+    one after another in one C-contiguous array (a batched chunk's deltas: its rows) as one
+    WireChunk of those rows, uncopied; any other update encoded alone, as before."""
 
-    Rows are copied in as updates arrive, so a task holds each vector once more only until
-    the caller lets it go (the batched path drops each chunk's deltas as it goes)."""
-
-    def __init__(self, codec, layout, count: int) -> None:
-        self.codec, self.layout, self.count = codec, layout, count
-        self.rows: np.ndarray | None = None  # (count, entries) once the first update stacks
-        # the stacked updates' fields beside their rows: (client_id, num_samples, metrics, stats)
-        self.stacked: list[tuple] = []
-        self.alone: list[WireUpdate] = []  # once one update does not stack: all of them
+    def __init__(self, codec, layout) -> None:
+        self.codec, self.layout = codec, layout
+        self.sent: list[WireChunk | WireUpdate] = []
+        self.run: list[ClientUpdate] = []  # the current run of stacked rows
+        self.base: np.ndarray | None = None  # the array holding them
+        self.start = 0  # the run's first entry in `base` (flat)
 
     def add(self, update: ClientUpdate) -> None:
-        if not self.alone and self._stacks(update):
-            if self.rows is None:
-                self.rows = np.empty((self.count, len(update.vector)), update.vector.dtype)
-            self.rows[len(self.stacked)] = update.vector
-            self.stacked.append(
-                (update.client_id, update.num_samples, update.metrics, update.stats)
-            )
+        place = self._place_of(update)
+        if place is None:
+            self._close_run()
+            self.sent.append(update.encoded(self.codec, self.layout))
             return
-        if self.stacked:  # stacking ends here: the rows so far go one by one too
-            self.alone = [
-                WireUpdate(client_id, num_samples, row, metrics, stats)
-                for (client_id, num_samples, metrics, stats), row in zip(
-                    self.stacked, self.rows, strict=False
-                )
-            ]
-            self.stacked, self.rows = [], None
-        self.alone.append(update.encoded(self.codec, self.layout))
-
-    def _stacks(self, update: ClientUpdate) -> bool:
-        vector = update.vector
-        if self.count < 2 or not stacks(self.codec) or len(self.stacked) >= self.count:
-            return False
-        if not (_is_int64(update.client_id) and _is_int64(update.num_samples)):
-            return False
-        if not isinstance(vector, np.ndarray) or vector.ndim != 1 or vector.dtype.kind != "f":
-            return False
-        rows = self.rows
-        return rows is None or (vector.dtype == rows.dtype and len(vector) == rows.shape[1])
+        base, start = place
+        if self.run and (
+            base is not self.base or start != self.start + len(self.run) * len(update.vector)
+        ):
+            self._close_run()
+        if not self.run:
+            self.base, self.start = base, start
+        self.run.append(update)
 
     def result(self) -> list[WireChunk | WireUpdate]:
-        """One WireChunk of every update when all stacked, else their WireUpdates."""
-        if not self.stacked:
-            return self.alone
-        client_ids, num_samples, metrics, stats = zip(*self.stacked, strict=True)
-        return [
-            WireChunk(
-                np.array(client_ids, dtype=np.int64),
-                np.array(num_samples, dtype=np.int64),
-                self.rows[: len(self.stacked)],
-                metrics,
-                stats,
+        self._close_run()
+        return self.sent
+
+    def _place_of(self, update: ClientUpdate) -> tuple[np.ndarray, int] | None:
+        """(array, flat entry) where `update`'s vector starts in the C-contiguous array it is
+        a contiguous piece of, when it may travel stacked; else None."""
+        vector = update.vector
+        if not (
+            stacks(self.codec)
+            and isinstance(vector, np.ndarray)
+            and vector.ndim == 1
+            and vector.dtype.kind == "f"
+            and vector.strides == (vector.itemsize,)
+        ):
+            return None
+        base = vector.base
+        if not (
+            isinstance(base, np.ndarray)
+            and base.dtype == vector.dtype
+            and base.flags.c_contiguous
+            and _is_int64(update.client_id)
+            and _is_int64(update.num_samples)
+        ):
+            return None
+        offset = vector.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        start, rest = divmod(offset, vector.itemsize)
+        if rest or not 0 <= start <= base.size - len(vector):
+            return None
+        return base, start
+
+    def _close_run(self) -> None:
+        run = self.run
+        if len(run) == 1:
+            self.sent.append(run[0].encoded(self.codec, self.layout))
+        elif run:
+            size = len(run[0].vector)
+            flat = self.base.reshape(-1)  # a view: the base is C-contiguous
+            self.sent.append(
+                WireChunk(
+                    np.array([u.client_id for u in run], dtype=np.int64),
+                    np.array([u.num_samples for u in run], dtype=np.int64),
+                    flat[self.start : self.start + len(run) * size].reshape(len(run), size),
+                    tuple(u.metrics for u in run),
+                    tuple(u.stats for u in run),
+                )
             )
-        ]
+        self.run, self.base = [], None
 
 
 def _is_int64(value) -> bool:
@@ -106,19 +123,16 @@ def chunk_problem(chunk: WireChunk) -> str | None:
     """Why `chunk` is not a well-formed WireChunk (a backend's bug: the task builds it), or
     None."""
     count = len(chunk.client_ids) if isinstance(chunk.client_ids, np.ndarray) else -1
-    for name in ("client_ids", "num_samples"):
-        values = getattr(chunk, name)
-        if (
-            not isinstance(values, np.ndarray)
-            or values.dtype != np.int64
-            or values.shape != (count,)
+    for name, values in (("client_ids", chunk.client_ids), ("num_samples", chunk.num_samples)):
+        if not (
+            isinstance(values, np.ndarray) and values.dtype == np.int64 and values.shape == (count,)
         ):
             return f"WireChunk.{name} is not a 1-D int64 array of {count} entries"
     messages = chunk.messages
     if not isinstance(messages, np.ndarray) or messages.ndim != 2 or len(messages) != count:
         return f"WireChunk.messages is not a 2-D array of {count} rows"
-    for name in ("metrics", "stats"):
-        if not isinstance(getattr(chunk, name), tuple) or len(getattr(chunk, name)) != count:
+    for name, values in (("metrics", chunk.metrics), ("stats", chunk.stats)):
+        if not isinstance(values, tuple) or len(values) != count:
             return f"WireChunk.{name} is not a tuple of {count} entries"
     return None
 
