@@ -54,6 +54,42 @@ def test_weighted_mean_is_computed_in_float64():
     assert mean(vectors)[0] == np.float32(1 / 3)
 
 
+@pytest.mark.parametrize("block_bytes", [1, 8 * 64, 32 * 1024 * 1024])
+def test_add_rows_is_add_row_by_row_bit_for_bit(monkeypatch, block_bytes):
+    """A WireChunk's rows folded a block at a time (Server's chunk path) give the sums of
+    folding them one at a time: one row a block, a few, all."""
+    from raysim.core import aggregators
+
+    monkeypatch.setattr(aggregators, "ROWS_BLOCK_BYTES", block_bytes)
+    rng = np.random.default_rng(7)
+    for trial in range(10):
+        count, size = int(rng.integers(1, 40)), int(rng.integers(1, 300))
+        rows = (rng.standard_normal((count, size)) * 10.0 ** rng.integers(-6, 6)).astype(np.float32)
+        rows[rng.integers(count), 0] = -0.0  # signed zeros must survive as the loop adds them
+        weights = [float(w) for w in rng.integers(0, 50, size=count)]
+        if trial % 2:
+            weights = [np.float32(w) * 0.37 for w in weights]  # weights of another type
+        one_by_one, at_once = LinearAccumulator(), LinearAccumulator()
+        head = int(rng.integers(0, count))  # a running total from earlier updates first
+        for row, weight in zip(rows[:head], weights[:head], strict=True):
+            one_by_one.add(row, weight)
+            at_once.add(row, weight)
+        for row, weight in zip(rows[head:], weights[head:], strict=True):
+            one_by_one.add(row, weight)
+        at_once.add_rows(rows[head:], weights[head:])
+        assert at_once.total.tobytes() == one_by_one.total.tobytes(), trial
+        assert at_once.weight_sum == one_by_one.weight_sum and at_once.count == count
+    # integer rows take the integer path, row by row
+    votes = rng.integers(-5, 5, size=(6, 8))
+    exact, rowwise = LinearAccumulator(normalize=False), LinearAccumulator(normalize=False)
+    exact.add_rows(votes, [1] * 6)
+    for row in votes:
+        rowwise.add(row, 1)
+    assert exact.total.dtype == np.int64 and np.array_equal(exact.total, rowwise.total)
+    with pytest.raises(ValueError, match="3 rows but 2 weights"):
+        LinearAccumulator().add_rows(rows[:3], [1.0, 1.0])
+
+
 def test_streaming_accumulator_equals_pure_function_bit_for_bit():
     rng = np.random.default_rng(1234)
     for trial in range(20):

@@ -123,8 +123,16 @@ def _nan_row(row):
     return row
 
 
+def _inf_row(row):
+    row = row.copy()
+    row[-1] = -np.inf
+    return row
+
+
 BAD_ROWS = [
     ("NaN", {"messages": _nan_row}, "NaN/Inf entries"),
+    ("Inf", {"messages": _inf_row}, "NaN/Inf entries"),
+    ("norm overflows", {"messages": lambda row: row * 0 + 1e30}, "server.max_update_ratio"),
     ("huge", {"messages": lambda row: row + 1e6}, "server.max_update_ratio"),
     ("not sampled", {"client_ids": 7_000}, "was not sampled"),
     ("twice", {"client_ids": "previous"}, "a second update from this client"),
@@ -153,6 +161,19 @@ def test_a_bad_row_is_refused_with_its_own_line_and_the_others_fold(
     assert stats.clients_rejected == 1 and len(stats.rejected) == 1
     assert reason in stats.rejected[0], stats.rejected
     assert stats.clients_done == bad.num_clients - 1
+
+
+def test_a_finite_row_whose_norm_overflows_is_judged_alone_without_a_bound(
+    digits_config, monkeypatch
+):
+    """Without server.max_update_ratio a finite row is taken whatever its norm (inf here):
+    the chunk goes one by one, and the round is what the clients' updates give alone."""
+    backend, info, (chunk,) = _round(digits_config, "server.max_update_ratio=0")
+    bad = _row(chunk, 1, messages=lambda row: row * 0 + 1e30)
+    server, initial = backend.server, backend.server.get_state().copy()
+    stats, state, slow = _fold(server, info, [bad], initial, monkeypatch)
+    assert slow == bad.num_clients and stats.clients_rejected == 0
+    _same_round((stats, state), _fold(server, info, bad.updates(), initial, monkeypatch)[:2])
 
 
 def test_a_malformed_chunk_is_a_backend_bug_in_one_line(digits_config):

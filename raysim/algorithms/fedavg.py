@@ -129,7 +129,7 @@ class DeltaAveraging(DescribedClient):
             updates.append(
                 ClientUpdate(
                     client_id=client_id,
-                    num_samples=len(trained.ys[i]),
+                    num_samples=trained.ys[i].shape[0],
                     vector=deltas[i],
                     metrics={"loss": trained.losses[i]},
                     stats=self.client_stats(trained.ys[i], ctx),

@@ -37,6 +37,11 @@ def _dtype_peak(dtype: np.dtype) -> int | None:
     return max(int(info.max), -int(info.min))
 
 
+# add_rows: float64 rows weighted at a time; small enough to stay in the caches and under
+# glibc's mmap threshold (a block of 32 MiB was mapped and faulted in anew: 2x slower)
+ROWS_BLOCK_BYTES = 1024 * 1024
+
+
 class LinearAccumulator:
     """Running sum of weight * vector, folded in the order updates are added.
 
@@ -68,6 +73,29 @@ class LinearAccumulator:
             self.total += float(weight) * vector.astype(np.float64, copy=False)
         self.weight_sum += float(weight)
         self.count += 1
+
+    def add_rows(self, rows: np.ndarray, weights: Sequence[float]) -> None:
+        """`add` of each row of a 2-D float array with its weight, in order: the same float64
+        sum bit for bit (each row's weighted values are the same products, added one row
+        after another), with numpy's work done a block of rows at a time."""
+        if len(rows) != len(weights):
+            raise ValueError(f"{len(rows)} rows but {len(weights)} weights")
+        if rows.dtype.kind != "f" or (self.total is not None and self.total.dtype != np.float64):
+            for row, weight in zip(rows, weights, strict=True):
+                self.add(row, weight)
+            return
+        if self.total is None and len(rows):
+            self.total = np.zeros(rows.shape[1:], dtype=np.float64)
+        per_block = max(1, ROWS_BLOCK_BYTES // max(1, 8 * rows[0].size)) if len(rows) else 1
+        for first in range(0, len(rows), per_block):
+            block = rows[first : first + per_block].astype(np.float64)
+            factors = np.array([float(w) for w in weights[first : first + per_block]])
+            block *= factors.reshape(-1, *([1] * (block.ndim - 1)))
+            for weighted in block:
+                self.total += weighted
+        for weight in weights:
+            self.weight_sum += float(weight)
+        self.count += len(rows)
 
     def _add_integer(self, vector: np.ndarray, weight: int) -> None:
         """total += weight * vector in int64, exactly (see the class docstring)."""

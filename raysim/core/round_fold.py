@@ -46,6 +46,16 @@ class RoundFold:
         if self.keep_contributions:
             self.contributions.append(contribution)
 
+    def fold_rows(self, contributions: list[Contribution], rows: np.ndarray) -> None:
+        """`fold` of each contribution, in order, whose updates are the rows of `rows` (a
+        WireChunk's): the same sums, the arithmetic a block of rows at a time."""
+        self.folded += len(contributions)
+        if self.accumulator is not None:
+            weight = self.aggregator.weight
+            self.accumulator.add_rows(rows, [weight(c) for c in contributions])
+        if self.keep_contributions:
+            self.contributions.extend(contributions)
+
     def weighs_nothing(self) -> bool:
         """Every folded update says it trained on 0 samples: a weighted mean of nothing."""
         return (

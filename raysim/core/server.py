@@ -280,6 +280,7 @@ class Server:
         stats.clients_done += len(ids)
         row_bytes = wire_nbytes(self.codec, chunk.messages[0]) if len(ids) else 0
         stats.bytes_up += row_bytes * len(ids) + sum(encoded_nbytes(s) for s in chunk.stats)
+        contributions = []
         for client_id, num_samples, row, metrics, declared, norm in zip(
             ids,
             chunk.num_samples.tolist(),
@@ -291,7 +292,8 @@ class Server:
         ):
             fold.add_loss(metrics.get("loss", math.nan), num_samples)
             fold.add_norm(norm)
-            fold.fold(Contribution(client_id, row, num_samples, dict(declared)))
+            contributions.append(Contribution(client_id, row, num_samples, dict(declared)))
+        fold.fold_rows(contributions, chunk.messages)
         return True
 
     def record_failure(self, client_id: int) -> None:

@@ -19,11 +19,15 @@ vector's (the square root of its dot with itself), so the round's sums are the s
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from raysim.core.codecs import Dense
 from raysim.core.state import ClientUpdate, WireChunk, WireUpdate
 from raysim.core.validation import metrics_problem, stats_problem
+
+INT64_LIMIT = 2**63
 
 
 def stacks(codec) -> bool:
@@ -40,36 +44,46 @@ class TaskMessages:
 
     def __init__(self, codec, layout) -> None:
         self.codec, self.layout = codec, layout
+        self.stacks = stacks(codec)
         self.sent: list[WireChunk | WireUpdate] = []
         self.run: list[ClientUpdate] = []  # the current run of stacked rows
         self.base: np.ndarray | None = None  # the array holding them
         self.start = 0  # the run's first entry in `base` (flat)
+        self.next_at = 0  # the address where the run's next row would start
 
     def add(self, update: ClientUpdate) -> None:
+        vector = update.vector
+        if (  # the next row of the current run: the common case, checked first and cheaply
+            self.run
+            and type(vector) is np.ndarray
+            and vector.base is self.base
+            and vector.__array_interface__["data"][0] == self.next_at
+            and vector.shape == self.run[0].vector.shape
+            and vector.strides == (vector.itemsize,)
+            and _is_int64(update.client_id)
+            and _is_int64(update.num_samples)
+        ):
+            self.run.append(update)
+            self.next_at += vector.nbytes
+            return
+        self._close_run()
         place = self._place_of(update)
         if place is None:
-            self._close_run()
             self.sent.append(update.encoded(self.codec, self.layout))
             return
-        base, start = place
-        if self.run and (
-            base is not self.base or start != self.start + len(self.run) * len(update.vector)
-        ):
-            self._close_run()
-        if not self.run:
-            self.base, self.start = base, start
+        self.base, self.start, self.next_at = place
         self.run.append(update)
 
     def result(self) -> list[WireChunk | WireUpdate]:
         self._close_run()
         return self.sent
 
-    def _place_of(self, update: ClientUpdate) -> tuple[np.ndarray, int] | None:
-        """(array, flat entry) where `update`'s vector starts in the C-contiguous array it is
-        a contiguous piece of, when it may travel stacked; else None."""
+    def _place_of(self, update: ClientUpdate) -> tuple[np.ndarray, int, int] | None:
+        """(array, flat entry, address after it) of `update`'s vector in the C-contiguous
+        array it is a contiguous piece of, when it may travel stacked; else None."""
         vector = update.vector
         if not (
-            stacks(self.codec)
+            self.stacks
             and isinstance(vector, np.ndarray)
             and vector.ndim == 1
             and vector.dtype.kind == "f"
@@ -85,11 +99,11 @@ class TaskMessages:
             and _is_int64(update.num_samples)
         ):
             return None
-        offset = vector.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-        start, rest = divmod(offset, vector.itemsize)
+        address = vector.__array_interface__["data"][0]
+        start, rest = divmod(address - base.__array_interface__["data"][0], vector.itemsize)
         if rest or not 0 <= start <= base.size - len(vector):
             return None
-        return base, start
+        return base, start, address + vector.nbytes
 
     def _close_run(self) -> None:
         run = self.run
@@ -112,11 +126,9 @@ class TaskMessages:
 
 def _is_int64(value) -> bool:
     """An integer (not a bool) that int64 holds: the server checks its value."""
-    return (
-        isinstance(value, int | np.integer)
-        and not isinstance(value, bool)
-        and -(2**63) <= value < 2**63
-    )
+    if type(value) is int:
+        return -INT64_LIMIT <= value < INT64_LIMIT
+    return isinstance(value, np.integer) and -INT64_LIMIT <= value < INT64_LIMIT
 
 
 def chunk_problem(chunk: WireChunk) -> str | None:
@@ -148,7 +160,7 @@ def rows_pass(
     """The rows' update norms when every client of `chunk` passes the server's checks of a
     dense update (sampled this round, heard from once, a sample count it can hold, finite
     numeric metrics and stats, a float vector of the layout's size and dtype, finite, its norm
-    within `bound`); None when any fails one. Changes nothing."""
+    within `bound`); None when any fails one, or a row's norm overflows. Changes nothing."""
     ids = chunk.client_ids.tolist()
     unique = set(ids)
     if len(unique) != len(ids) or not unique <= sampled or not unique.isdisjoint(heard_from):
@@ -168,10 +180,12 @@ def rows_pass(
         return None
     if layout.size is not None and messages.shape[1] != layout.size:
         return None
-    if not np.isfinite(messages).all():
-        return None
-    with np.errstate(over="ignore"):  # a huge row's norm is inf: refused one by one
+    # A row's sum of squares is finite exactly when its entries are and it does not overflow,
+    # so a non-finite norm sends the chunk one by one, where the row's own checks decide.
+    with np.errstate(over="ignore", invalid="ignore"):
         norms = [float(np.sqrt(row.dot(row))) for row in messages]
+    if not all(map(math.isfinite, norms)):
+        return None
     if bound is not None and max(norms, default=0.0) > bound:
         return None
     return norms
