@@ -485,10 +485,18 @@ def batched_clients(args, accelerator: str, work: Path) -> dict:
                 }
                 for section, values in BATCHED_METHODS[method].items():
                     raw[section] = {**raw[section], **values} if section in raw else values
-                result = _run(raw, work / f"batched-{method}-{per_round}-{mode}")
+                with _phase_timers() as spent:
+                    result = _run(raw, work / f"batched-{method}-{per_round}-{mode}")
                 rounds = _rounds(result)["round_s"][1:]  # the first also starts CUDA and caches
                 final = result.summary["final"]
                 row[f"{mode}_clients_per_s"] = per_round / statistics.median(rounds)
+                # where a batched round's time goes (rounds after the first), when it batched
+                if mode == "batched" and spent["vmapped"]:
+                    vmapped = statistics.median(_per_round(spent["vmapped"], len(rounds) + 1)[1:])
+                    row["batched_vmapped_s"] = vmapped
+                    row["batched_host_us_per_client"] = (
+                        1e6 * (statistics.median(rounds) - vmapped) / per_round
+                    )
                 row[f"{mode}_accuracy"] = final.get("accuracy", final.get("p@1"))
             row["speedup"] = row["batched_clients_per_s"] / row["sequential_clients_per_s"]
             rows.append(row)
@@ -497,6 +505,34 @@ def batched_clients(args, accelerator: str, work: Path) -> dict:
     device = torch.device("cuda" if gpus else "cpu")
     bag_pooling = pooling.measure(device, shapes, repeats=3)
     return {"clients_num_gpus": gpus, "rows": rows, "bag_pooling": bag_pooling, "shapes": shapes}
+
+
+@contextlib.contextmanager
+def _phase_timers():
+    """Seconds of each `train_batched` call (the vmapped driver) while the block runs."""
+    from raysim.core import batched_training
+
+    spent: dict[str, list[float]] = {"vmapped": []}
+    original = batched_training.train_batched
+
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent["vmapped"].append(time.perf_counter() - started)
+
+    batched_training.train_batched = timed
+    try:
+        yield spent
+    finally:
+        batched_training.train_batched = original
+
+
+def _per_round(calls: list[float], rounds: int) -> list[float]:
+    """Calls' seconds summed per round (a round makes the same number of calls)."""
+    per = max(1, len(calls) // rounds)
+    return [sum(calls[i * per : (i + 1) * per]) for i in range(rounds)]
 
 
 def _bag_pooling_module():
@@ -521,15 +557,18 @@ def table(report: dict) -> str:
     lines = []
     if "batched" in report:
         lines += [
-            f"(e) batched clients on {acc}: clients per second",
+            f"(e) batched clients on {acc}: clients per second; a batched round's vmapped "
+            "calls, and the rest of the round a client (host)",
             "| method | clients a round | one at a time | batched | ratio | "
-            "accuracy (one / batched) |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "accuracy (one / batched) | batched: vmapped s, host us a client |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
             *(
                 f"| {r['method']} | {r['clients_per_round']:,} | "
                 f"{r['sequential_clients_per_s']:.0f} | "
                 f"{r['batched_clients_per_s']:.0f} | {r['speedup']:.2f}x | "
-                f"{r['sequential_accuracy']:.4f} / {r['batched_accuracy']:.4f} |"
+                f"{r['sequential_accuracy']:.4f} / {r['batched_accuracy']:.4f} | "
+                f"{r.get('batched_vmapped_s', float('nan')):.3f}, "
+                f"{r.get('batched_host_us_per_client', float('nan')):.1f} |"
                 for r in report["batched"]["rows"]
             ),
             "",
