@@ -264,3 +264,33 @@ def test_the_collector_freezes_only_once_full_collections_happen_in_a_run():
     finally:
         collector.release()
     assert not collector.frozen() and gc.get_freeze_count() == 0
+
+
+def test_a_run_freezes_once_full_passes_happen_and_leaves_nothing_frozen(
+    digits_config, tmp_path, monkeypatch
+):
+    """The local backend freezes the collector's long-lived objects after a round in which a
+    full pass happened (forced here after every round), once, and its end unfreezes them:
+    nothing stays frozen in the caller's process, and the results are the same."""
+    from raysim.assembly import run
+
+    freezes = []
+    monkeypatch.setattr(gc, "freeze", lambda real=gc.freeze: (freezes.append(1), real())[1])
+    cfg = digits_config(*SMALL[:2], "run.rounds=4", "model.hidden=[16]")
+    plain = run(cfg, tmp_path / "plain", progress=False, tensorboard=False)
+    assert gc.get_freeze_count() == 0 and not collector.frozen()
+    freezes.clear()  # (a full pass of its own may have come during the plain run's rounds)
+
+    finish_round = Server.finish_round
+
+    def with_a_full_pass(self, evaluate):
+        stats = finish_round(self, evaluate)
+        gc.collect()
+        return stats
+
+    monkeypatch.setattr(Server, "finish_round", with_a_full_pass)
+    frozen = run(cfg, tmp_path / "frozen", progress=False, tensorboard=False)
+    assert freezes == [1]  # once, after the first round that saw a full pass
+    assert gc.get_freeze_count() == 0 and not collector.frozen()
+    for key in plain.state.arrays:
+        assert np.array_equal(plain.state.arrays[key], frozen.state.arrays[key]), key
