@@ -455,44 +455,29 @@ def batched_clients(args, accelerator: str, work: Path) -> dict:
     if not args.small:
         sizes = {"fedavg": (100, 1_000, 10_000), "fedaws": (100, 1_000), "frl": (100, 1_000)}
     gpus = 1.0 if accelerator == "cuda" else 0.0
+    host_time = _benchmark_module("round_host_time")  # part (e)'s config and its timers
+    from raysim.core import batched_training
+
+    vmapped_driver = {"vmapped": (batched_training, "train_batched")}
     rows = []
     for method, per_rounds in sizes.items():
         for per_round in per_rounds:
             row: dict = {"method": method, "clients_per_round": per_round}
             for mode in ("sequential", "batched"):
-                raw = {
-                    "run": {"name": "gpu_check_batched", "rounds": 3, "eval_every": 3},
-                    "data": {
-                        "name": "synthetic_classification",
-                        "num_samples": 8 * per_round,
-                        "num_test": 500,
-                        "num_classes": 10,
-                        "sample_shape": [32],
-                    },
-                    "partition": {"name": "iid", "num_clients": per_round},
-                    "clients": {
-                        "per_round": per_round,
-                        "local_epochs": 1,
-                        "batch_size": 8,
-                        "num_gpus": gpus,
-                        "batched": mode == "batched",
-                        # from the device's memory, up to the round's clients (one call)
-                        "batch_chunk": "auto",
-                    },
-                    "model": {"name": "mlp", "hidden": [64]},
-                    "algorithm": {"name": "fedavg"},
-                    "runtime": {"backend": "local"},
-                }
+                raw = host_time.batched_round(
+                    per_round, 3, gpus=gpus, batched=mode == "batched", name="gpu_check_batched"
+                )
                 for section, values in BATCHED_METHODS[method].items():
                     raw[section] = {**raw[section], **values} if section in raw else values
-                with _phase_timers() as spent:
+                with host_time.timed_calls(vmapped_driver) as spent:
                     result = _run(raw, work / f"batched-{method}-{per_round}-{mode}")
                 rounds = _rounds(result)["round_s"][1:]  # the first also starts CUDA and caches
                 final = result.summary["final"]
                 row[f"{mode}_clients_per_s"] = per_round / statistics.median(rounds)
                 # where a batched round's time goes (rounds after the first), when it batched
                 if mode == "batched" and spent["vmapped"]:
-                    vmapped = statistics.median(_per_round(spent["vmapped"], len(rounds) + 1)[1:])
+                    calls = host_time.summed_per_round(spent["vmapped"], len(rounds) + 1)
+                    vmapped = statistics.median(calls[1:])
                     row["batched_vmapped_s"] = vmapped
                     row["batched_host_us_per_client"] = (
                         1e6 * (statistics.median(rounds) - vmapped) / per_round
@@ -507,38 +492,15 @@ def batched_clients(args, accelerator: str, work: Path) -> dict:
     return {"clients_num_gpus": gpus, "rows": rows, "bag_pooling": bag_pooling, "shapes": shapes}
 
 
-@contextlib.contextmanager
-def _phase_timers():
-    """Seconds of each `train_batched` call (the vmapped driver) while the block runs."""
-    from raysim.core import batched_training
-
-    spent: dict[str, list[float]] = {"vmapped": []}
-    original = batched_training.train_batched
-
-    def timed(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            spent["vmapped"].append(time.perf_counter() - started)
-
-    batched_training.train_batched = timed
-    try:
-        yield spent
-    finally:
-        batched_training.train_batched = original
-
-
-def _per_round(calls: list[float], rounds: int) -> list[float]:
-    """Calls' seconds summed per round (a round makes the same number of calls)."""
-    per = max(1, len(calls) // rounds)
-    return [sum(calls[i * per : (i + 1) * per]) for i in range(rounds)]
-
-
 def _bag_pooling_module():
     """benchmarks/bag_pooling.py as a module: the vmapped bag pooling, gather vs embedding_bag."""
-    path = Path(__file__).resolve().parent / "bag_pooling.py"
-    spec = importlib.util.spec_from_file_location("bag_pooling", path)
+    return _benchmark_module("bag_pooling")
+
+
+def _benchmark_module(name: str):
+    """benchmarks/NAME.py as a module (the benchmarks are scripts, not a package)."""
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

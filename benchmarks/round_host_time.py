@@ -21,6 +21,7 @@ under the same load, and prints each phase's ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -35,32 +36,14 @@ WARMUP = 2
 PHASES = ("round", "vmapped", "clients_rest", "server_add")
 
 
-def child(per_round: int, rounds: int) -> dict:
-    """In a child process: one run; each phase's seconds per round."""
-    import raysim
-    from raysim.core import batched_training, server
-    from raysim.runtime import local
-
-    spent: dict[str, list[float]] = {"vmapped": [], "train_clients": [], "server_add": []}
-
-    def timed(owner, name: str, key: str) -> None:
-        original = getattr(owner, name)
-
-        @functools.wraps(original)
-        def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                spent[key].append(time.perf_counter() - started)
-
-        setattr(owner, name, wrapper)
-
-    timed(batched_training, "train_batched", "vmapped")
-    timed(local, "train_clients", "train_clients")
-    timed(server.Server, "add", "server_add")
-    raw = {
-        "run": {"name": "round_host_time", "rounds": rounds, "eval_every": rounds},
+def batched_round(
+    per_round: int, rounds: int, *, gpus: float = 0.0, batched: bool = True, name: str = "round"
+) -> dict:
+    """The config of gpu_check part (e)'s FedAvg rounds (also part (e)'s base for FedAwS and
+    FRL): `per_round` clients of 8 synthetic samples, MLP 32-64-10, one local step, all of
+    them sampled every round, chunks sized from the device's memory, the local backend."""
+    return {
+        "run": {"name": name, "rounds": rounds, "eval_every": rounds},
         "data": {
             "name": "synthetic_classification",
             "num_samples": 8 * per_round,
@@ -73,38 +56,83 @@ def child(per_round: int, rounds: int) -> dict:
             "per_round": per_round,
             "local_epochs": 1,
             "batch_size": 8,
-            "num_gpus": 0,
-            "batched": True,
+            "num_gpus": gpus,
+            "batched": batched,
+            # from the device's memory, up to the round's clients (one call)
             "batch_chunk": "auto",
         },
         "model": {"name": "mlp", "hidden": [64]},
         "algorithm": {"name": "fedavg"},
         "runtime": {"backend": "local"},
     }
-    with tempfile.TemporaryDirectory() as work:
-        result = raysim.run(raw, Path(work) / "run", progress=False, tensorboard=False)
+
+
+@contextlib.contextmanager
+def timed_calls(targets: dict[str, tuple[object, str]]):
+    """While the block runs, each `name: (owner, attribute)` function is timed: yields
+    {name: [seconds of each call]}; the originals are put back after."""
+    spent: dict[str, list[float]] = {name: [] for name in targets}
+    originals = {name: getattr(owner, attribute) for name, (owner, attribute) in targets.items()}
+
+    def timed(name: str, original):
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[name].append(time.perf_counter() - started)
+
+        return wrapper
+
+    for name, (owner, attribute) in targets.items():
+        setattr(owner, attribute, timed(name, originals[name]))
+    try:
+        yield spent
+    finally:
+        for name, (owner, attribute) in targets.items():
+            setattr(owner, attribute, originals[name])
+
+
+def summed_per_round(calls: list[float], rounds: int) -> list[float]:
+    """Calls' seconds summed per round (a round makes the same number of calls: its chunks)."""
+    per = max(1, len(calls) // rounds)
+    return [sum(calls[i * per : (i + 1) * per]) for i in range(rounds)]
+
+
+def child(clients: int, rounds: int) -> dict:
+    """In a child process: one run; each phase's seconds per round."""
+    import raysim
+    from raysim.core import batched_training, server
+    from raysim.runtime import local
+
+    targets = {
+        "vmapped": (batched_training, "train_batched"),
+        "train_clients": (local, "train_clients"),
+        "server_add": (server.Server, "add"),
+    }
+    with timed_calls(targets) as spent, tempfile.TemporaryDirectory() as work:
+        result = raysim.run(
+            batched_round(clients, rounds, name="round_host_time"),
+            Path(work) / "run",
+            progress=False,
+            tensorboard=False,
+        )
         records = [
             json.loads(line)
             for line in (Path(result.out_dir) / "metrics.jsonl").read_text().splitlines()
             if line.strip()
         ]
     round_s = [record["wall_s"] for record in records]
-    vmapped = _per_round(spent["vmapped"], rounds)
-    clients = spent["train_clients"]
+    vmapped = summed_per_round(spent["vmapped"], rounds)
     return {
         "round": round_s,
         "vmapped": vmapped,
-        "clients_rest": [c - v for c, v in zip(clients, vmapped, strict=True)],
+        "clients_rest": [c - v for c, v in zip(spent["train_clients"], vmapped, strict=True)],
         "server_add": spent["server_add"],
         "final_accuracy": records[-1]["eval"]["accuracy"],
         "raysim": str(Path(raysim.__file__).parent),  # which tree ran
     }
-
-
-def _per_round(calls: list[float], rounds: int) -> list[float]:
-    """The vmapped calls' seconds summed per round (a round may take several chunks)."""
-    per = len(calls) // rounds
-    return [sum(calls[i * per : (i + 1) * per]) for i in range(rounds)]
 
 
 def run_child(source: str | None, per_round: int, rounds: int) -> dict:
