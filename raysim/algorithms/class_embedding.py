@@ -15,6 +15,8 @@ whole model. Embedding-bag rows are trained in a small table of the rows the cli
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 from torch import nn
@@ -91,6 +93,32 @@ def evaluate_embeddings(method, state, x, y, ctx, device, top_classes, pairwise_
     return result
 
 
+# The CPU keeps trained rows as numpy arrays (the host fold reads them in cache-sized chunks);
+# the tests set this to run the device path's code on the CPU.
+ROWS_AS_TENSORS_ON_CPU = False
+
+
+def rows_stay_on(device: torch.device) -> bool:
+    """Whether clients trained on `device` hand back their rows as tensors there."""
+    return device.type != "cpu" or ROWS_AS_TENSORS_ON_CPU
+
+
+# (a weak reference to the payload, the host array's address and length, its copy on a device)
+_DEVICE_COPY: list = [None, None, None]
+
+
+def _device_copy(payload, values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`values` (theta's dense part, which every client of the payload starts from) as a
+    float32 tensor on `device`, copied once per payload: keyed by the payload object, not the
+    array, since FedAwS's server steps theta in place and every round's payload is new."""
+    held, key, copy = _DEVICE_COPY
+    address = (values.__array_interface__["data"][0], len(values), device)
+    if held is None or held() is not payload or key != address:
+        copy = torch.from_numpy(np.array(values, dtype=np.float32)).to(device)
+        _DEVICE_COPY[:] = [weakref.ref(payload), address, copy]
+    return copy
+
+
 class ClassEmbeddingMethod(DescribedClient):
     """What FedAwS and the softmax oracle share: model, the client description, reduction,
     evaluation. A method states what its client trains beside theta (`client_extras`, at
@@ -139,12 +167,16 @@ class ClassEmbeddingMethod(DescribedClient):
         clients.num_gpus reserved one, else the CPU) and the client's extra values (at
         `extra_lr`); momentum and weight decay from `clients`."""
         clients = ctx.config.clients
+        device = client_device(ctx)
         return ClientStep.of(
             clients,
-            model=cached_model(ctx, client_device(ctx)),
+            model=cached_model(ctx, device),
             loss=self.client_loss,
             lr=clients.lr,
             extra_lr=self.extra_lr(ctx),
+            # a GPU's trained rows stay there: their dense deltas are folded on it
+            # (TaskReducer), and only the small rest comes to the host (client_messages)
+            as_tensor=rows_stay_on(device),
         )
 
     def client_chunk(self, payload: Broadcast, step, client_ids, xs, personal, ctx) -> ClientChunk:
@@ -160,25 +192,35 @@ class ClassEmbeddingMethod(DescribedClient):
 
     def client_messages(self, payload: Broadcast, trained: TrainedClients, ctx) -> list:
         """Each client's theta delta (the dense part read lazily, `DenseDelta`; with an
-        embedding bag the touched rows' ids and deltas), then `extra_message`."""
+        embedding bag the touched rows' ids and deltas), then `extra_message`. Trained rows
+        that are tensors on a device (`rows_stay_on`) leave their dense parts there, against
+        theta's copied to that device once per payload; the rest of the chunk's rows (tables
+        and extra values) comes to the host in one copy."""
         layout = layout_of(cached_model(ctx, client_device(ctx)))
         theta = payload.theta
+        rows = trained.trained
+        on_device = isinstance(rows, torch.Tensor)
+        dense_size = len(theta) if layout.bag is None else len(layout.dense_index)
+        if on_device:
+            rests = rows[:, dense_size:].cpu().numpy()
         updates = []
         for i, client_id in enumerate(trained.client_ids):
-            row, note, y = trained.trained[i], trained.notes[i], trained.ys[i]
+            row, note, y = rows[i], trained.notes[i], trained.ys[i]
             start = trained.starts[i]
+            rest = rests[i] if on_device else row[dense_size:]
+            # the dense part's base: theta's dense values the client started from
+            base = theta if note is None else start.parts[0]
+            if on_device:
+                base = _device_copy(payload, base, rows.device)
+            message = {"dense": DenseDelta(row[:dense_size], base)}
             if note is None:  # all of theta trained, then the extra values
-                message = {"dense": DenseDelta(row[: len(theta)], theta)}
-                extra = row[len(theta) :]
+                extra = rest
             else:
-                dense, rows, extra = note.split(row, layout.bag_width)
-                message = {
-                    "dense": DenseDelta(dense, start.parts[0]),
-                    "bag_ids": note.touched.astype(np.int32),
-                    "bag_rows": (rows - note.start_rows(start, layout.bag_width)).astype(
-                        np.float32
-                    ),
-                }
+                table_rows, extra = note.split_rest(rest, layout.bag_width)
+                message["bag_ids"] = note.touched.astype(np.int32)
+                message["bag_rows"] = (
+                    table_rows - note.start_rows(start, layout.bag_width)
+                ).astype(np.float32)
             message.update(self.extra_message(payload, extra, y))
             loss = trained.losses[i] if len(y) else 0.0  # no steps: a mean loss of 0.0
             updates.append(ClientUpdate(client_id, len(y), message, metrics={"loss": loss}))

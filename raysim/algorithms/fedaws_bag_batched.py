@@ -169,9 +169,12 @@ class TableRows:
 
     def split(self, trained: np.ndarray, bag_width: int):
         """(dense part, the touched rows' trained values [len(touched), bag_width], extra)."""
-        table_end = self.dense_size + self.width * bag_width
-        table = trained[self.dense_size : table_end].reshape(self.width, bag_width)
-        return trained[: self.dense_size], table[: len(self.touched)], trained[table_end:]
+        return (trained[: self.dense_size], *self.split_rest(trained[self.dense_size :], bag_width))
+
+    def split_rest(self, rest: np.ndarray, bag_width: int):
+        """(the touched rows' trained values, extra) from a trained row past its dense part."""
+        table = rest[: self.width * bag_width].reshape(self.width, bag_width)
+        return table[: len(self.touched)], rest[self.width * bag_width :]
 
     def start_rows(self, start: StartParts, bag_width: int) -> np.ndarray:
         """The touched rows' values the client started from: its start's table piece (theta's

@@ -17,9 +17,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from raysim.algorithms.fedaws_wire import (
     ClassRow,
+    DenseDelta,
     materialised,
     message_problem,
     not_finite,
@@ -30,6 +32,7 @@ from raysim.core.fixed_point import (
     FIXED_LIMIT,
     FIXED_SCALE,
     add_fixed_in_place,
+    add_fixed_where_they_lie,
     checked_add,
     concat_rows,
     fixed_bound,
@@ -39,6 +42,8 @@ from raysim.core.fixed_point import (
 )
 from raysim.core.state import ClientUpdate
 from raysim.models.layout import ModelLayout
+
+_FLOAT64 = (np.float64, torch.float64)  # the dense sum's dtype while it is float64 (host or device)
 
 
 class TaskReducer:
@@ -77,9 +82,11 @@ class TaskReducer:
         and may write back only that row: the class id is the server's, never the client's."""
         # The dense sum stays float64 (see the class) while even a term at the limit keeps it
         # exact; then the dense values are checked as they are folded in (one pass over them).
-        fold_dense = (self.dense is None or self.dense.dtype == np.float64) and (
+        fold_dense = (self.dense is None or self.dense.dtype in _FLOAT64) and (
             self.bounds["dense"] + FIXED_LIMIT <= EXACT_FLOAT64
         )
+        if not fold_dense and isinstance(self.dense, torch.Tensor):
+            self.dense = self.dense.cpu().numpy()  # (int64 from here on, on the host: exact)
         peaks: dict[str, float] = {}
         message = update.vector if fold_dense else materialised(update.vector)
         problem = message_problem(
@@ -128,9 +135,7 @@ class TaskReducer:
                 )
             bounds["classes_dense"] = classes_bound
         if dense is None:  # the exact float64 sum (see the class), which checks the values
-            if self.dense is None:
-                self.dense = np.zeros(len(values), dtype=np.float64)
-            peak = add_fixed_in_place(self.dense, values, weight, self._scratch)
+            peak = self._fold_dense(values, weight)
             if not math.isfinite(peak):  # (add_fixed_in_place left the sum as it was)
                 return not_finite("dense")
             if peak * weight * FIXED_SCALE >= FIXED_LIMIT:
@@ -152,6 +157,26 @@ class TaskReducer:
             self.classes_dense = classes
         return None
 
+    def _fold_dense(self, values, weight: int) -> float:
+        """`values` (the dense delta) added to the float64 sum in fixed point; its peak, or
+        the peak that refuses it (the sum then left as it was). Values that are tensors on a
+        device (a GPU client's trained row, DenseDelta.tensors) are folded there, into a sum
+        kept on that device until `result`; anything else on the host. The same integers
+        either way (raysim.core.fixed_point.add_fixed_where_they_lie)."""
+        tensors = values.tensors if isinstance(values, DenseDelta) else None
+        if tensors is not None and (
+            self.dense is None
+            or (isinstance(self.dense, torch.Tensor) and self.dense.device == tensors[0].device)
+        ):
+            if self.dense is None:
+                self.dense = torch.zeros(len(values), dtype=torch.float64, device=tensors[0].device)
+            return add_fixed_where_they_lie(self.dense, *tensors, weight)
+        if isinstance(self.dense, torch.Tensor):  # (a host delta after device ones)
+            self.dense = self.dense.cpu().numpy()
+        if self.dense is None:
+            self.dense = np.zeros(len(values), dtype=np.float64)
+        return add_fixed_in_place(self.dense, values, weight, self._scratch)
+
     def result(self) -> dict:
         bounds = dict(self.bounds)
         bag_ids, bag_rows, bounds["bag_rows"] = sum_rows_by_id(
@@ -171,6 +196,8 @@ class TaskReducer:
             "'class_rows'",
         )
         dense = self.dense
+        if isinstance(dense, torch.Tensor):  # summed on a device: only the sum comes over
+            dense = dense.cpu().numpy()
         if dense is not None and dense.dtype != np.int64:
             dense = dense.astype(np.int64)  # integers below 2^53: exact
         return {

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from raysim.core.fixed_point import FIXED_LIMIT, FIXED_SCALE, MAX_FIXED_WEIGHT, ChunkedValues
@@ -62,13 +63,23 @@ class DenseDelta(NDArrayOperatorsMixin, ChunkedValues, WireSized):
 
     A task's reducer folds it a cache-sized chunk at a time (`read_chunk`: the subtraction,
     the check and the fixed-point conversion of a chunk while it is in cache) instead of
-    materialising the 8 MB difference and reading it again. Anything else that touches it
-    (np.asarray, indexing, item assignment, arithmetic, numpy functions, any ndarray
-    attribute, pickling) first makes it an array of its own, after which it is that array."""
+    materialising the 8 MB difference and reading it again. The trained values and the base
+    may instead be float32 torch tensors on one device (a GPU client's row, `tensors`): the
+    reducer then folds them there (raysim.core.fixed_point.add_fixed_where_they_lie). Anything
+    else that touches it (np.asarray, indexing, item assignment, arithmetic, numpy functions,
+    any ndarray attribute, pickling) first makes it an array of its own on the host, after
+    which it is that array."""
 
-    def __init__(self, trained: np.ndarray, base: np.ndarray) -> None:
-        if trained.shape != base.shape:
-            raise ValueError(f"trained values {trained.shape} against a base of {base.shape}")
+    def __init__(self, trained, base) -> None:
+        if tuple(trained.shape) != tuple(base.shape):
+            raise ValueError(
+                f"trained values {tuple(trained.shape)} against a base of {tuple(base.shape)}"
+            )
+        on_device = isinstance(trained, torch.Tensor)
+        if on_device != isinstance(base, torch.Tensor) or (
+            on_device and trained.device != base.device
+        ):
+            raise ValueError("trained values and their base must both be arrays or both tensors")
         self._trained, self._base = trained, base
         self._owned: np.ndarray | None = None  # the materialised difference, once made
         self.shape = (len(base),)
@@ -77,16 +88,27 @@ class DenseDelta(NDArrayOperatorsMixin, ChunkedValues, WireSized):
     def __len__(self) -> int:
         return self.shape[0]
 
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(trained values, base) when they are tensors not yet materialised, else None."""
+        if self._owned is None and isinstance(self._trained, torch.Tensor):
+            return self._trained, self._base
+        return None
+
     def _array(self) -> np.ndarray:
         if self._owned is None:
-            self._owned = np.subtract(self._trained, self._base, dtype=np.float32)
+            if isinstance(self._trained, torch.Tensor):
+                difference = torch.sub(self._trained, self._base)  # float32, as numpy's
+                self._owned = difference.cpu().numpy()
+            else:
+                self._owned = np.subtract(self._trained, self._base, dtype=np.float32)
         return self._owned
 
     def read_chunk(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
         """The difference's entries [start, stop), float32 (written into `out`, at least
         stop - start long, unless already materialised)."""
-        if self._owned is not None:
-            return self._owned[start:stop]
+        if self._owned is not None or isinstance(self._trained, torch.Tensor):
+            return self._array()[start:stop]
         part = out[: stop - start]
         np.subtract(self._trained[start:stop], self._base[start:stop], out=part)
         return part

@@ -589,8 +589,32 @@ def batched_updates(
     one-line notice, once per process) when the run cannot batch, and the caller trains them
     one by one.
     `personal_payloads`: one per client of `client_ids` (ClientBatch.personal), or None."""
+    chunks_of_updates = batched_update_chunks(
+        ctx, hooks, payload, train_x, train_y, indices, offsets, round_index, client_ids,
+        personal_payloads,
+    )  # fmt: skip
+    if chunks_of_updates is None:
+        return None
+    return [update for updates in chunks_of_updates for update in updates]
+
+
+def batched_update_chunks(
+    ctx,
+    hooks,
+    payload,
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    indices: np.ndarray,
+    offsets: np.ndarray,
+    round_index: int,
+    client_ids: Sequence[int],
+    personal_payloads: Sequence | None = None,
+):
+    """`batched_updates`, a chunk at a time: None when the run cannot batch, else an iterator
+    of each chunk's updates (a list), the next chunk trained only when it is asked for. A
+    caller that folds each list before asking for the next holds one chunk's updates at a
+    time (a GPU's trained rows among them)."""
     from raysim.models.devices import client_device, notice_once
-    from raysim.seeds import client_generators
 
     refusal = batching_refusal(ctx, hooks)
     if refusal is not None:
@@ -613,7 +637,18 @@ def batched_updates(
     # On a GPU every call holds `chunk` clients, so cuBLAS sees one shape whatever the
     # packing; on the CPU the kernels' per-client arithmetic does not change with the count.
     slots = chunk if device.type != "cpu" else None
-    updates: list = []
+    return _chunk_updates(
+        ctx, hooks, payload, train_x, train_y, indices, offsets, round_index, client_ids,
+        personal_payloads, rows, chunk, slots,
+    )  # fmt: skip
+
+
+def _chunk_updates(
+    ctx, hooks, payload, train_x, train_y, indices, offsets, round_index, client_ids,
+    personal_payloads, rows, chunk, slots,
+):  # fmt: skip
+    from raysim.seeds import client_generators
+
     for run in chunks(len(client_ids), chunk):
         ids = tuple(int(client_ids[i]) for i in run)
         # The chunk's rows gathered in one pass, then each client's as a view of them (the
@@ -640,12 +675,14 @@ def batched_updates(
                 f"batched_client_updates returned updates of clients "
                 f"{[u.client_id for u in produced][:8]} for clients {list(ids)[:8]}"
             )
-        updates += produced
-    return updates
+        del batch  # (nothing of this chunk is kept here while the caller folds it)
+        yield produced
+        del produced
 
 
 __all__ = [
     "ClientBatch",
+    "batched_update_chunks",
     "batched_updates",
     "batching_refusal",
     "chunks",

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from raysim.core.algorithm import AlgorithmHooks, RunContext
-from raysim.core.batched_training import batched_updates
+from raysim.core.batched_training import batched_update_chunks
 from raysim.core.faults import FaultPlan
 from raysim.core.payload import encoded_nbytes
 from raysim.core.state import ReducedUpdate, WireChunk, WireUpdate
@@ -75,7 +75,7 @@ def train_clients(
         # clients.batched: the task's clients trained a chunk at a time (None: one by one).
         batched = None
         if ctx.config.clients.batched:
-            batched = batched_updates(
+            batched = batched_update_chunks(
                 ctx,
                 hooks,
                 payload,
@@ -89,42 +89,60 @@ def train_clients(
             )
         if batched is None:  # each client's generator, their seeds derived together
             generators = client_generators(ctx.seed, round_index, client_ids)
-        for position, client_id in enumerate(client_ids):
-            client_id = int(client_id)
-            rows = indices[offsets[client_id] : offsets[client_id + 1]]
-            if batched is not None:
-                update = batched[position]
-            else:
+
+        def one_by_one():
+            for position, client_id in enumerate(client_ids):
+                rows = indices[offsets[client_id] : offsets[client_id + 1]]
                 x = torch.from_numpy(train_x[rows])
                 y = torch.from_numpy(train_y[rows].astype(np.int64, copy=False))
-                generator = generators[position]
                 client_payload = (
                     payload if personal_payloads is None else (payload, personal_payloads[position])
                 )
-                update = algorithm.client_update(client_payload, x, y, client_id, generator, ctx)
-            if reducer is None:
-                messages.add(update)
-                continue
-            # The reducer checks each update before folding it in (the server never sees
-            # them one by one); a refused update is left out, as if the client dropped out.
-            problem = (
-                samples_problem(update.num_samples, len(rows))
-                or metrics_problem(update.metrics)
-                # with personal payloads, also what this client was sent (FedAwS: its own
-                # class's row, the only row it may write back)
-                or (
-                    reducer.add(update)
-                    if personal_payloads is None
-                    else reducer.add(update, personal_payloads[position])
+                yield [
+                    algorithm.client_update(
+                        client_payload, x, y, int(client_id), generators[position], ctx
+                    )
+                ]
+
+        def take(updates: list, position: int) -> None:
+            """Fold (or queue) one chunk's updates, the clients from `position` on; the list
+            is emptied, so that nothing of the chunk (a GPU's trained rows) stays alive
+            while the next chunk trains."""
+            for offset, update in enumerate(updates):
+                client_id = int(client_ids[position + offset])
+                if reducer is None:
+                    messages.add(update)
+                    continue
+                # The reducer checks each update before folding it in (the server never
+                # sees them one by one); a refused update is left out, as if the client
+                # dropped out.
+                problem = (
+                    samples_problem(
+                        update.num_samples, int(offsets[client_id + 1] - offsets[client_id])
+                    )
+                    or metrics_problem(update.metrics)
+                    # with personal payloads, also what this client was sent (FedAwS: its own
+                    # class's row, the only row it may write back)
+                    or (
+                        reducer.add(update)
+                        if personal_payloads is None
+                        else reducer.add(update, personal_payloads[position + offset])
+                    )
                 )
-            )
-            if problem is not None:
-                reduced.rejected.append((int(update.client_id), problem))
-                continue
-            reduced.client_ids.append(update.client_id)
-            reduced.num_samples.append(update.num_samples)
-            reduced.metrics.append(update.metrics)
-            reduced.bytes_up += encoded_nbytes(update.vector)
+                if problem is not None:
+                    reduced.rejected.append((int(update.client_id), problem))
+                    continue
+                reduced.client_ids.append(update.client_id)
+                reduced.num_samples.append(update.num_samples)
+                reduced.metrics.append(update.metrics)
+                reduced.bytes_up += encoded_nbytes(update.vector)
+            updates.clear()
+
+        position = 0
+        for updates in batched if batched is not None else one_by_one():
+            count = len(updates)
+            take(updates, position)
+            position += count
         if reducer is None:
             return messages.result()
         if not (reduced.client_ids or reduced.rejected):
