@@ -279,3 +279,46 @@ def test_a_batched_task_folds_each_chunk_before_the_next_trains(tmp_path, monkey
     run(config_module.from_dict(raw), tmp_path, progress=False, tensorboard=False)
     assert len(alive_at_start) == 3  # 6 clients in chunks of 2
     assert all(not any(alive) for alive in alive_at_start)
+
+
+@pytest.mark.parametrize("raw", [MLP_DIGITS, BAG_XML], ids=["mlp", "bag"])
+def test_rows_on_the_device_start_from_one_copy_of_theta_per_payload(raw, monkeypatch):
+    """Clients whose rows stay on the device start from theta's dense part copied there once
+    per payload (the same tensor for every client of it); a new payload over theta stepped in
+    place (FedAwS's server) gets a new copy with the new values."""
+    from raysim import config as config_module
+    from raysim.algorithms.fedaws_wire import Broadcast
+    from raysim.assembly import plan_run
+    from raysim.core.server import build_algorithm
+    from raysim.data.datasets import load_dataset
+
+    monkeypatch.setattr(class_embedding, "ROWS_AS_TENSORS_ON_CPU", True)
+    config = config_module.from_dict(raw)
+    dataset = load_dataset(config)
+    plan = plan_run(config, dataset)
+    ctx, split = plan.ctx, plan.split
+    algorithm = build_algorithm(ctx)
+    state = algorithm.init_server(ctx)
+    theta = state.arrays["params"]
+    ids = (1, 4)
+    xs = [
+        torch.from_numpy(dataset.train_x[split.indices[split.offsets[c] : split.offsets[c + 1]]])
+        for c in ids
+    ]
+    personal = algorithm.client_payload(state, np.array(ids), np.array([0, 1]))
+
+    def starts(payload):
+        step = algorithm.client_step(payload, ctx)
+        assert step.as_tensor
+        return algorithm.client_chunk(payload, step, ids, xs, personal, ctx).starts
+
+    payload = Broadcast(theta)
+    first, again = starts(payload), starts(payload)
+    shared = first[0].parts[0]
+    assert isinstance(shared, torch.Tensor)
+    assert all(start.parts[0] is shared for start in (*first, *again))
+    before = shared.clone()
+    theta += 1.0  # the server's in-place step, then the next round's payload
+    second = starts(Broadcast(theta))
+    assert second[0].parts[0] is not shared
+    assert torch.equal(second[0].parts[0], before + 1.0)

@@ -456,6 +456,14 @@ def _same_values(piece, other) -> bool:
     buffer with the same layout): a shared start, not merely equal values."""
     if piece is other:
         return True
+    if isinstance(piece, torch.Tensor) and isinstance(other, torch.Tensor):
+        return (
+            piece.device == other.device
+            and piece.data_ptr() == other.data_ptr()
+            and piece.shape == other.shape
+            and piece.stride() == other.stride()
+            and piece.dtype == other.dtype
+        )
     if isinstance(piece, np.ndarray) and isinstance(other, np.ndarray):
         return (
             piece.__array_interface__["data"][0] == other.__array_interface__["data"][0]

@@ -135,17 +135,32 @@ class StartParts:
     """A start row given as consecutive 1-D float32 pieces (FedAwS: theta's dense part, shared
     by every client, then the client's own rows): the sequential driver loads each piece into
     the model where it belongs, without first writing the concatenated row; anything else reads
-    it as that row (np.asarray)."""
+    it as that row (np.asarray). A piece may be a float32 tensor, kept as it is (theta's dense
+    part already on the clients' GPU: copied there once for all of a payload's clients)."""
 
-    def __init__(self, *parts: np.ndarray) -> None:
-        self.parts = tuple(np.asarray(part, dtype=np.float32).reshape(-1) for part in parts)
+    def __init__(self, *parts) -> None:
+        self.parts = tuple(_flat_piece(part) for part in parts)
 
     def __len__(self) -> int:
         return sum(len(part) for part in self.parts)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        row = np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
+        parts = [
+            part.detach().cpu().numpy() if isinstance(part, torch.Tensor) else part
+            for part in self.parts
+        ]
+        row = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         return row if dtype is None else row.astype(dtype, copy=False)
+
+
+def _flat_piece(part):
+    """A start piece as a 1-D float32 array, or a 1-D float32 tensor (the same object when it
+    is one already: batched_training recognises a piece every client shares by identity)."""
+    if isinstance(part, torch.Tensor):
+        if part.dtype != torch.float32:
+            raise ValueError(f"a start piece must be float32, got {part.dtype}")
+        return part if part.dim() == 1 else part.reshape(-1)
+    return np.asarray(part, dtype=np.float32).reshape(-1)
 
 
 @dataclass(frozen=True)
