@@ -75,7 +75,8 @@ class ClientStep:
     model (the last values of its start), stepped at that rate. `step_inputs(params)`: for the
     vmapped driver, more per-client tensors computed from the stacked values before every
     step (FRL's top-k masks; the sequential model computes them itself).
-    `as_tensor`: trained rows come back as a tensor on the step's device (FRL ranks there).
+    `as_tensor`: trained rows come back as a tensor on the step's device (FRL ranks there;
+    FedAwS folds its dense deltas there, raysim.algorithms.class_embedding).
     `vmapped_model` (optional): the network the vmapped driver runs instead of `model`: the
     same parameters (names and shapes) and the same function, stated with operations that
     torch.func.vmap batches where `model` uses one it runs client by client (FedAwS's bag
