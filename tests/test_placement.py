@@ -115,3 +115,35 @@ def test_the_packing_of_task_rounds_is_recorded_for_the_placement_line():
     rule = "batched, auto, at most one task per client slot (2 slot(s))"
     assert f"packing: {rule}, 1-2 task(s)" in line
     assert "of 4-10 client(s)" in line
+
+
+def test_a_checkpoint_or_an_evaluation_between_rounds_is_not_timed(monkeypatch):
+    """The period between two rounds' calls is each place's cost, except where the driver did
+    something else in it (a checkpoint's get_state, an evaluation): a 10 ms checkpoint every
+    10 rounds made the server actor look slower and sent the round after it to tasks."""
+    from raysim.runtime import ray_placement
+
+    backend = _backend(tasks=None, server=None, compute=None)
+    backend._init_placement(parallel_slots=2)
+    clock = [0.0]
+    monkeypatch.setattr(ray_placement.time, "perf_counter", lambda: clock[0])
+    for round_index in range(12):
+        backend._placement[round_index] = True  # every round in the server actor
+        backend._clients_of[round_index] = 10
+        backend._record_round_time(round_index)
+        clock[0] += 0.010  # 1 ms a client
+        if round_index in (5, 8):
+            backend._untimed_period()  # a checkpoint after this round ...
+            clock[0] += 0.050  # ... which takes 50 ms of the driver's time
+    assert abs(backend._cost["server"] - 0.001) < 1e-12
+    assert backend._cost_round[True] == 10
+    # the same periods timed (no _untimed_period) would have counted the checkpoints
+    timed = _backend(tasks=None, server=None, compute=None)
+    timed._init_placement(parallel_slots=2)
+    clock[0] = 0.0
+    for round_index in range(12):
+        timed._placement[round_index] = True
+        timed._clients_of[round_index] = 10
+        timed._record_round_time(round_index)
+        clock[0] += 0.010 + (0.050 if round_index in (5, 8) else 0.0)
+    assert timed._cost["server"] > 0.0015

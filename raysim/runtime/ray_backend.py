@@ -154,6 +154,8 @@ class RayBackend(ClientPlacement):
                 evaluated.evaluate_s,
             )
         self._rounds_done = info.round_index + 1
+        if evaluate:  # (an evaluation is not the clients' time either: see get_state)
+            self._untimed_period()
         if stats.server_place_failed:
             self._stop_server_place(f"a client failed in it ({stats.server_place_failed})")
         self._record_client_seconds(stats)
@@ -194,6 +196,10 @@ class RayBackend(ClientPlacement):
     def get_state(self) -> ServerState:
         """The state after the last round this backend returned (the actor may be a round
         ahead: run_round)."""
+        # The driver's checkpoint between two rounds is not the clients' time: the period
+        # around it is not timed for placement (a 10 ms checkpoint every 10 rounds made the
+        # server actor look slower and sent the round after it to tasks, at 2x its time).
+        self._untimed_period()
         call = self.server.actor.get_state.remote(self._rounds_done)
         return client_state.with_store(self._get(call), self.ctx)
 

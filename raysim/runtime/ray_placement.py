@@ -210,6 +210,11 @@ class ClientPlacement:
         heavy LeNet rounds of benchmarks/peers three rounds at 1.7-2x the tasks' time."""
         return self.seconds_per_client is not None and self.seconds_per_client >= tasks_per_client
 
+    def _untimed_period(self) -> None:
+        """The period from the last round's call to the next is not timed (the driver did
+        something else in it than wait for clients: a checkpoint)."""
+        self._last_call = None
+
     def _record_round_time(self, round_index: int) -> None:
         """Time the round before this call (the period between two calls) for its place,
         when the SETTLE_ROUNDS rounds before it trained in the same place (steady state)."""
