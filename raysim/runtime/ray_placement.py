@@ -110,7 +110,8 @@ class ClientPlacement:
     # 3.7 ms a round in the actor, 8+ ms in tasks; 100 of them: 24 vs 45 ms; 50 LeNet clients
     # of 64 samples: tasks win), so it is measured: each place is timed on consecutive
     # rounds (the time between the driver's calls, per trained client, the first
-    # round after a switch not counted), the faster one is used, and the other is timed again
+    # round after a switch not counted, nor a period with a checkpoint or an evaluation in
+    # it: `_untimed_period`), the faster one is used, and the other is timed again
     # (`_retime_every`): after REPROBE_EVERY rounds, or later when the places' measured costs
     # are far apart, so that the re-timing's rounds in the slower place add at most
     # RETIME_SHARE to the rounds between (tiny digits rounds, 3.5x slower in tasks: a
