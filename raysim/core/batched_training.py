@@ -580,27 +580,10 @@ def batching_refusal(ctx, hooks) -> str | None:
     return f"algorithm '{name}': {problem}" if problem else None
 
 
-def batched_updates(
-    ctx,
-    hooks,
-    payload,
-    train_x: np.ndarray,
-    train_y: np.ndarray,
-    indices: np.ndarray,
-    offsets: np.ndarray,
-    round_index: int,
-    client_ids: Sequence[int],
-    personal_payloads: Sequence | None = None,
-) -> list | None:
-    """The task's clients trained a chunk at a time (raysim.core.batch_chunk) through the
-    algorithm's `batched_client_updates`: one update per client, in order; None (after a
-    one-line notice, once per process) when the run cannot batch, and the caller trains them
-    one by one.
-    `personal_payloads`: one per client of `client_ids` (ClientBatch.personal), or None."""
-    chunks_of_updates = batched_update_chunks(
-        ctx, hooks, payload, train_x, train_y, indices, offsets, round_index, client_ids,
-        personal_payloads,
-    )  # fmt: skip
+def batched_updates(*args, **kwargs) -> list | None:
+    """`batched_update_chunks` (the same arguments) all at once: one update per client, in
+    order; None when the run cannot batch."""
+    chunks_of_updates = batched_update_chunks(*args, **kwargs)
     if chunks_of_updates is None:
         return None
     return [update for updates in chunks_of_updates for update in updates]
@@ -618,10 +601,13 @@ def batched_update_chunks(
     client_ids: Sequence[int],
     personal_payloads: Sequence | None = None,
 ):
-    """`batched_updates`, a chunk at a time: None when the run cannot batch, else an iterator
-    of each chunk's updates (a list), the next chunk trained only when it is asked for. A
-    caller that folds each list before asking for the next holds one chunk's updates at a
-    time (a GPU's trained rows among them)."""
+    """The task's clients trained a chunk at a time (raysim.core.batch_chunk) through the
+    algorithm's `batched_client_updates`: an iterator of each chunk's updates (a list, in
+    client order), the next chunk trained only when it is asked for, so a caller that folds
+    each list before asking for the next holds one chunk's updates at a time (a GPU's trained
+    rows among them); None (after a one-line notice, once per process) when the run cannot
+    batch, and the caller trains them one by one.
+    `personal_payloads`: one per client of `client_ids` (ClientBatch.personal), or None."""
     from raysim.models.devices import client_device, notice_once
 
     refusal = batching_refusal(ctx, hooks)
