@@ -13,6 +13,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
+from test_fixed_point_fold import _values  # values over many magnitudes, with exact ties
 
 from raysim.algorithms import class_embedding, fedaws_bag_batched
 from raysim.algorithms.fedaws_reduce import TaskReducer
@@ -29,14 +30,6 @@ from raysim.core.fixed_point import (
     to_fixed,
 )
 from raysim.core.state import ClientUpdate
-
-
-def _values(rng: np.random.Generator, size: int) -> np.ndarray:
-    """float32 values over many magnitudes, with exact half-way cases for rounding."""
-    values = (rng.standard_normal(size) * 10.0 ** rng.integers(-9, 1, size)).astype(np.float32)
-    values[::7] = np.float32(0.5) / np.float32(FIXED_SCALE)  # x 2^32 = 0.5: a tie
-    values[3::11] = np.float32(-2.5) / np.float32(FIXED_SCALE)
-    return values
 
 
 def _pair(rng, size):
