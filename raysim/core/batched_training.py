@@ -246,7 +246,8 @@ def train_batched(
     the values of its trained tensors are not read or changed; the step's `vmapped_model`,
     when it has one, is the network run."""
     model = step.model
-    names, tensors, device = _trained_tensors(model, step.trainable)
+    names, tensors = _trained_tensors(model, step.trainable)
+    device = step.device
     count = len(batch)
     slots = max(count, batch.slots or 0)
     sizes = [y.shape[0] for y in batch.ys]  # (shape, not len: a Python call per tensor)
@@ -347,12 +348,11 @@ EXTRA = "\0extra"  # the key of the extra parameters among the stacked ones (no 
 _TRAINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _trained_tensors(model: nn.Module, trainable) -> tuple[list[str], dict, torch.device]:
-    """(the trained tensors' names in the stacked row's order, each name's tensor, the
-    model's device) for `trainable` (None: every floating tensor, _parameter_names). Looked
-    up again whenever the model's parameters are no longer the same objects; shapes and the
-    device are read from the tensors at each call (a bag client's table is resized in place,
-    a module may be moved)."""
+def _trained_tensors(model: nn.Module, trainable) -> tuple[list[str], dict]:
+    """(the trained tensors' names in the stacked row's order, each name's tensor) for
+    `trainable` (None: every floating tensor, _parameter_names). Looked up again whenever the
+    model's parameters are no longer the same objects; the caller reads shapes from the
+    tensors at each call (a bag client's table is resized in place)."""
     parameters = tuple(model.parameters())
     held = _TRAINED.get(model)
     if (
@@ -369,9 +369,7 @@ def _trained_tensors(model: nn.Module, trainable) -> tuple[list[str], dict, torc
             raise ValueError("the model shares a tensor between two parameters")
         state = model.state_dict(keep_vars=True)
         found = held[1][key] = (names, {name: state[name] for name in names})
-    # (a meta tensor only gives a shape)
-    device = next((p.device for p in parameters if p.device.type != "meta"), torch.device("cpu"))
-    return found[0], found[1], device
+    return found
 
 
 # network -> ((names, loss, proximal_mu, row_loss), its vmapped step): the last step made for
