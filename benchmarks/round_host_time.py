@@ -14,8 +14,16 @@ collector's first full pass) give medians. `--compare DIR` also runs another ray
 (e.g. a `git worktree` of an earlier commit) in alternating processes, so the two are measured
 under the same load, and prints each phase's ratio.
 
+`--method frl` measures FRL's supermask clients on the same shapes instead (gpu_check part
+(e)'s FRL rows). A CPU trains them one at a time (their step is slower batched there), so this
+benchmark forces the batched path on to measure the host's share of a batched round, which a GPU
+leaves as it is; their rank positions come from one sort per client and layer on the CPU
+against one sort for all on a GPU, so that phase (`positions`) is timed apart and left out of
+the host's share.
+
     python benchmarks/round_host_time.py [--per-round 1000 10000] [--rounds 8] [--repeats 3]
-                                         [--compare DIR] [--out FILE] [--small]
+                                         [--method fedavg|frl] [--compare DIR] [--out FILE]
+                                         [--small]
 """
 
 from __future__ import annotations
@@ -33,7 +41,12 @@ import time
 from pathlib import Path
 
 WARMUP = 2
-PHASES = ("round", "vmapped", "clients_rest", "server_add")
+PHASES = ("round", "vmapped", "positions", "clients_rest", "server_add")
+# What each method's clients are, beside batched_round's FedAvg / MLP (gpu_check part (e)).
+METHODS = {
+    "fedavg": {},
+    "frl": {"algorithm": {"name": "frl", "k": 0.5}, "clients": {"momentum": 0.9}},
+}
 
 
 def batched_round(
@@ -100,9 +113,10 @@ def summed_per_round(calls: list[float], rounds: int) -> list[float]:
     return [sum(calls[i * per : (i + 1) * per]) for i in range(rounds)]
 
 
-def child(clients: int, rounds: int) -> dict:
-    """In a child process: one run; each phase's seconds per round."""
+def child(clients: int, rounds: int, method: str = "fedavg") -> dict:
+    """In a child process: one run of `method`; each phase's seconds per round."""
     import raysim
+    from raysim.algorithms import frl
     from raysim.core import batched_training, server
     from raysim.runtime import local
 
@@ -110,14 +124,15 @@ def child(clients: int, rounds: int) -> dict:
         "vmapped": (batched_training, "train_batched"),
         "train_clients": (local, "train_clients"),
         "server_add": (server.Server, "add"),
+        "positions": (frl, "batched_positions"),  # FRL's rank positions (the CPU's sorts)
     }
+    raw = batched_round(clients, rounds, name="round_host_time")
+    for section, values in METHODS[method].items():
+        raw[section] = {**raw.get(section, {}), **values}
+    if method == "frl":  # batched on the CPU too (see the module's docstring)
+        frl.FRL.batching_problem = lambda self, ctx: None
     with timed_calls(targets) as spent, tempfile.TemporaryDirectory() as work:
-        result = raysim.run(
-            batched_round(clients, rounds, name="round_host_time"),
-            Path(work) / "run",
-            progress=False,
-            tensorboard=False,
-        )
+        result = raysim.run(raw, Path(work) / "run", progress=False, tensorboard=False)
         records = [
             json.loads(line)
             for line in (Path(result.out_dir) / "metrics.jsonl").read_text().splitlines()
@@ -125,21 +140,27 @@ def child(clients: int, rounds: int) -> dict:
         ]
     round_s = [record["wall_s"] for record in records]
     vmapped = summed_per_round(spent["vmapped"], rounds)
+    positions = summed_per_round(spent["positions"], rounds) if spent["positions"] else None
+    positions = positions or [0.0] * rounds
     return {
         "round": round_s,
         "vmapped": vmapped,
-        "clients_rest": [c - v for c, v in zip(spent["train_clients"], vmapped, strict=True)],
+        "positions": positions,
+        "clients_rest": [
+            c - v - p for c, v, p in zip(spent["train_clients"], vmapped, positions, strict=True)
+        ],
         "server_add": spent["server_add"],
         "final_accuracy": records[-1]["eval"]["accuracy"],
         "raysim": str(Path(raysim.__file__).parent),  # which tree ran
     }
 
 
-def run_child(source: str | None, per_round: int, rounds: int) -> dict:
+def run_child(source: str | None, per_round: int, rounds: int, method: str = "fedavg") -> dict:
     env = dict(os.environ)
     if source is not None:  # another raysim tree first on the path
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
     command = [sys.executable, __file__, "--child", str(per_round), "--rounds", str(rounds)]
+    command += ["--method", method]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"round_host_time: the child run failed:\n{done.stderr[-3000:]}")
@@ -151,13 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-round", type=int, nargs="+", default=[1_000, 10_000])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--method", choices=sorted(METHODS), default="fedavg")
     parser.add_argument("--compare", help="another raysim source tree, run alternately")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--small", action="store_true", help="tiny sizes (a smoke test)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.rounds)))
+        print(json.dumps(child(args.child, args.rounds, args.method)))
         return 0
     if args.small:
         args.per_round, args.rounds, args.repeats = [20], WARMUP + 2, 1
@@ -171,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             if repeat % 2:
                 order.reverse()  # which goes first alternates
             for name, source in order:
-                measured[name][per_round].append(run_child(source, per_round, args.rounds))
+                measured[name][per_round].append(
+                    run_child(source, per_round, args.rounds, args.method)
+                )
     rows = []
     for per_round in args.per_round:
         for name in sources:
@@ -192,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     print(table(rows))
     report = {
+        "method": args.method,
         "rounds": args.rounds,
         "warmup_rounds": WARMUP,
         "repeats": args.repeats,
@@ -206,14 +231,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| clients a round | source | round s | vmapped call s | clients' side beside it s "
-        "| Server.add s | host us a client | clients/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| clients a round | source | round s | vmapped call s | rank positions s "
+        "| clients' side beside them s | Server.add s | host us a client | clients/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['clients_per_round']:,} | {row['source']} | {row['round_s']:.3f} "
-            f"| {row['vmapped_s']:.3f} | {row['clients_rest_s']:.3f} | {row['server_add_s']:.3f} "
+            f"| {row['vmapped_s']:.3f} | {row['positions_s']:.3f} | {row['clients_rest_s']:.3f} "
+            f"| {row['server_add_s']:.3f} "
             f"| {row['host_us_per_client']:.1f} | {row['clients_per_s']:,.0f} |"
         )
     by_size: dict = {}

@@ -46,7 +46,7 @@ from raysim.algorithms.frl_ranking import (  # noqa: F401 - the ranking math, re
     vote,
 )
 from raysim.core.algorithm import RunContext
-from raysim.core.client_step import ClientStep, DescribedClient, TrainedClients
+from raysim.core.client_step import ClientChunk, ClientStep, DescribedClient, TrainedClients
 from raysim.core.codecs import VectorLayout
 from raysim.core.rankcodec import pack
 from raysim.core.state import ClientUpdate, ServerState
@@ -198,6 +198,14 @@ class FRL(DescribedClient):
         concatenated; unpacked and reordered once per worker and round)."""
         supernet = self.supernet(ctx, client_device(ctx))
         return round_rankings(payload["rankings"], supernet).flat_scores
+
+    def client_chunk(self, payload, step, client_ids, xs, personal, ctx) -> ClientChunk:
+        """Every client of a round starts from the same scores, the global ranking's
+        (`client_start` ignores the client): one start for the chunk, shared by all (one
+        lookup of the round's scores, not one a client: ~36 us each, 1,000 clients a round)."""
+        start = self.client_start(payload, client_ids[0], ctx) if client_ids else None
+        count = len(client_ids)
+        return ClientChunk(step, tuple(xs), (start,) * count, (None,) * count)
 
     def client_messages(self, payload: dict, trained: TrainedClients, ctx: RunContext) -> list:
         """V_u = argsort(argsort(s)) per layer, concatenated (the task bit-packs them, codec

@@ -80,6 +80,8 @@ class LinearAccumulator:
         after another), with numpy's work done a block of rows at a time."""
         if len(rows) != len(weights):
             raise ValueError(f"{len(rows)} rows but {len(weights)} weights")
+        if self._add_integer_rows(rows, weights):
+            return
         if rows.dtype.kind != "f" or (self.total is not None and self.total.dtype != np.float64):
             for row, weight in zip(rows, weights, strict=True):
                 self.add(row, weight)
@@ -96,6 +98,37 @@ class LinearAccumulator:
         for weight in weights:
             self.weight_sum += float(weight)
         self.count += len(rows)
+
+    def _add_integer_rows(self, rows: np.ndarray, weights: Sequence[float]) -> bool:
+        """`add` of integer rows with integer weights in one int64 sum when their terms'
+        bounds keep the total inside int64 (integer sums are exact in any grouping: the same
+        total, bound, weight sum and count as row by row); False, changing nothing, otherwise
+        (float rows or weights, a total that is not int64, or a sum near the limit)."""
+        if rows.ndim != 2 or rows.dtype.kind not in "iu" or not len(rows):
+            return False
+        if self.total is not None and self.total.dtype != np.int64:
+            return False
+        if not all(float(w).is_integer() for w in weights):
+            return False
+        factors = [int(w) for w in weights]
+        high, low = rows.max(axis=1).tolist(), rows.min(axis=1).tolist()
+        bound = sum(
+            abs(f) * max(abs(h), abs(lo)) for f, h, lo in zip(factors, high, low, strict=True)
+        )
+        if self._bound + bound > INT64_MAX:
+            return False  # row by row: the exact checks name the term or sum that fails
+        if self.total is None:
+            self.total = np.zeros(rows.shape[1:], dtype=np.int64)
+        values = rows.astype(np.int64, copy=False)
+        if all(f == 1 for f in factors):
+            self.total += values.sum(axis=0)
+        else:
+            self.total += (np.array(factors, dtype=np.int64)[:, None] * values).sum(axis=0)
+        self._bound += bound
+        for weight in weights:
+            self.weight_sum += float(weight)
+        self.count += len(rows)
+        return True
 
     def _add_integer(self, vector: np.ndarray, weight: int) -> None:
         """total += weight * vector in int64, exactly (see the class docstring)."""

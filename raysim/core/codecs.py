@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from raysim.core.payload import encoded_nbytes
-from raysim.core.rankcodec import pack, packed_nbytes, unpack
+from raysim.core.rankcodec import pack, pack_rows, packed_nbytes, unpack, unpack_rows
 from raysim.errors import ConfigError
 from raysim.models.layout import VectorLayout  # the update vector's shape, in signatures
 
@@ -57,6 +57,24 @@ class Codec:
     def nbytes(self, message: Any) -> int:
         """Bytes on the wire (the arrays of the message)."""
         return encoded_nbytes(message)
+
+    # --- rows: several clients' vectors at once (raysim.core.wire_chunk) ------------------------
+    # Only the built-in dense and ranks codecs stack (`wire_chunk.stacks`): a subclass may encode
+    # or check differently. `encode_rows` of a 2-D array of vectors returns their messages as an
+    # array of rows (dense), or as a tuple of arrays of rows (ranks: one per layer) whose row i
+    # together is `encode(rows[i])`; `decode_rows` reverses it into a 2-D array whose row i is
+    # `decode` of client i's message, and `rows_pass_decoded` says whether every decoded row
+    # passes `check_decoded` (False: the server then judges the rows one by one).
+    row_kinds = ""  # dtype kinds of the vectors `encode_rows` takes ("": it takes none)
+
+    def encode_rows(self, rows: np.ndarray, layout: VectorLayout) -> Any:
+        raise NotImplementedError
+
+    def decode_rows(self, stacked: Any, layout: VectorLayout) -> np.ndarray:
+        raise NotImplementedError
+
+    def rows_pass_decoded(self, rows: np.ndarray, layout: VectorLayout) -> bool:
+        return True
 
 
 class ForeignCodec(Codec):
@@ -125,11 +143,34 @@ def not_a_permutation(values: np.ndarray, n: int) -> str | None:
     return None
 
 
+def rows_are_permutations(rows: np.ndarray, n: int) -> bool:
+    """Whether every row of the 2-D integer array `rows` is a permutation of 0..n-1
+    (`not_a_permutation` of each row is None), in whole-array passes."""
+    count = len(rows)
+    if rows.shape[1] != n:
+        return False
+    if not count or not n:
+        return True
+    if rows.min() < 0 or rows.max() >= n:
+        return False
+    seen = np.zeros((count, n), dtype=bool)
+    seen[np.arange(count)[:, None], rows] = True
+    return bool(seen.all())
+
+
 # --- the built-in codecs -------------------------------------------------------------------------
 
 
 class Dense(Codec):
     """The vector as it is (float32 for model deltas): 4 bytes an entry."""
+
+    row_kinds = "f"
+
+    def encode_rows(self, rows: np.ndarray, layout: VectorLayout) -> np.ndarray:
+        return rows  # (uncopied: the chunk's own array travels)
+
+    def decode_rows(self, stacked: np.ndarray, layout: VectorLayout) -> np.ndarray:
+        return stacked
 
     def encode(self, vector: np.ndarray, layout: VectorLayout) -> np.ndarray:
         return vector
@@ -237,6 +278,8 @@ class Ranks(Codec):
     """Rank positions, one bit-packed array per layer (ceil(log2 n) bits an entry); the layout's
     segments are the layers. Decodes to one int64 vector; each layer must be a permutation."""
 
+    row_kinds = "iu"
+
     def decoded_dtype(self, layout: VectorLayout) -> np.dtype:
         return np.dtype(np.int64)
 
@@ -244,6 +287,32 @@ class Ranks(Codec):
         return [
             pack(piece, n) for piece, n in zip(layout.pieces(vector), layout.segments, strict=True)
         ]
+
+    def encode_rows(self, rows: np.ndarray, layout: VectorLayout) -> tuple[np.ndarray, ...]:
+        """Each layer's packed positions of every row, one uint8 array [rows, bytes] a layer."""
+        bounds = np.cumsum((0, *layout.segments))
+        return tuple(
+            pack_rows(rows[:, a:b], n)
+            for a, b, n in zip(bounds[:-1], bounds[1:], layout.segments, strict=True)
+        )
+
+    def decode_rows(self, stacked: tuple[np.ndarray, ...], layout: VectorLayout) -> np.ndarray:
+        if len(stacked) != len(layout.segments):
+            raise ValueError(
+                f"message has {len(stacked)} layers, the supernet has {len(layout.segments)}"
+            )
+        return np.concatenate(
+            [unpack_rows(packed, n, n) for packed, n in zip(stacked, layout.segments, strict=True)],
+            axis=1,
+        )
+
+    def rows_pass_decoded(self, rows: np.ndarray, layout: VectorLayout) -> bool:
+        """Every row's every layer a permutation (`check_decoded` of each row, at once)."""
+        bounds = np.cumsum((0, *layout.segments))
+        for a, b, n in zip(bounds[:-1], bounds[1:], layout.segments, strict=True):
+            if not rows_are_permutations(rows[:, a:b], n):
+                return False
+        return True
 
     def decode(self, message: list[np.ndarray], layout: VectorLayout) -> np.ndarray:
         if len(message) != len(layout.segments):

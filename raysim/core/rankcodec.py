@@ -13,6 +13,11 @@ faster on a 262,144-edge layer; the same bytes). Those ~130 numpy calls cost ~0.
 the size, so arrays of up to SMALL_ENTRIES entries go through the matrix of single bits
 instead (numpy's packbits / unpackbits, a few calls: 2,048 entries 38 us against 128 us to
 pack; the crossover is near 8,192): FRL's small layers, a thousand clients a round.
+
+`pack_rows` / `unpack_rows` do the same for several clients' positions at once, the rows of one
+2-D array (a batched chunk's: raysim.core.wire_chunk): row i packs to exactly `pack(row i)`'s
+bytes, all rows as one bit stream through the word-wise path, so a thousand clients' small
+layers cost one pass instead of a few numpy calls a client.
 """
 
 from __future__ import annotations
@@ -129,3 +134,60 @@ def _unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     """`unpack` through the matrix of single bits: each row's bits times their powers of 2."""
     matrix = np.unpackbits(packed, count=count * bits, bitorder="little").reshape(count, bits)
     return matrix.astype(np.int64) @ (np.int64(1) << np.arange(bits, dtype=np.int64))
+
+
+def _row_padding(n: int, entries: int) -> int:
+    """Zero entries appended to each row so that rows * (entries + padding) entries make one bit
+    stream whose every row starts on a byte boundary: (entries + padding) * bits % 8 == 0."""
+    bits = bits_for(n)
+    return next(p for p in range(8) if (entries + p) * bits % 8 == 0)
+
+
+def pack_rows(rows: np.ndarray, n: int) -> np.ndarray:
+    """`pack` of every row of the 2-D integer array `rows` (values in [0, n)): a uint8 array
+    [len(rows), packed_nbytes(n, row length)] whose row i is `pack(rows[i], n)`, bit for bit.
+    The rows, each zero-padded to a whole number of bytes (zeros add no bits), are packed as
+    one stream by `pack`'s word-wise path (~4x faster than row by row for 1,000 rows of 2,048
+    entries); each row's bytes are then its first packed_nbytes(n, entries)."""
+    rows = np.asarray(rows)
+    if rows.ndim != 2:
+        raise ValueError(f"rows must be a 2-D array, got shape {rows.shape}")
+    count, entries = rows.shape
+    row_bytes = packed_nbytes(n, entries)
+    if not count or not entries or bits_for(n) == 0:
+        if rows.size and (rows.min() < 0 or rows.max() >= n):
+            pack(rows.reshape(-1), n)  # raises, naming the values' range
+        return np.zeros((count, row_bytes), dtype=np.uint8)
+    padding = _row_padding(n, entries)
+    stream = rows
+    if padding:
+        stream = np.zeros((count, entries + padding), dtype=rows.dtype)
+        stream[:, :entries] = rows
+    packed = pack(stream.reshape(-1), n).reshape(count, -1)
+    return np.ascontiguousarray(packed[:, :row_bytes]) if padding else packed
+
+
+def unpack_rows(packed: np.ndarray, n: int, count: int) -> np.ndarray:
+    """Inverse of `pack_rows`: `unpack(packed[i], n, count)` of every row of the 2-D uint8
+    array `packed`, as one int64 array [len(packed), count] (one stream, as `pack_rows`)."""
+    packed = np.asarray(packed)
+    if packed.ndim != 2 or packed.dtype != np.uint8:
+        raise ValueError(
+            f"packed rows must be a 2-D uint8 array, got {packed.dtype} of shape {packed.shape}"
+        )
+    rows = len(packed)
+    expected = packed_nbytes(n, count)
+    if packed.shape[1] != expected:
+        raise ValueError(
+            f"packed rows have {packed.shape[1]} bytes; {count} entries of {bits_for(n)} bits "
+            f"need {expected}"
+        )
+    if not rows or not count or bits_for(n) == 0:
+        return np.zeros((rows, count), dtype=np.int64)
+    padding = _row_padding(n, count)
+    stream = packed
+    if padding:
+        stream = np.zeros((rows, (count + padding) * bits_for(n) // 8), dtype=np.uint8)
+        stream[:, :expected] = packed
+    values = unpack(stream.reshape(-1), n, rows * (count + padding)).reshape(rows, -1)
+    return np.ascontiguousarray(values[:, :count]) if padding else values

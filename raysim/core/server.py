@@ -263,28 +263,35 @@ class Server:
     def _add_chunk_at_once(self, chunk: WireChunk) -> bool:
         """Fold in a chunk's rows with whole-array checks (raysim.core.wire_chunk); False,
         having changed nothing, when the run or a row needs them one by one (an attack, updates
-        weighed by staleness, a codec other than dense, any row the checks would refuse)."""
+        weighed by staleness, a codec that does not stack, any row the checks would refuse)."""
         problem = chunk_problem(chunk)
         if problem is not None:  # the task builds chunks: a backend's bug, not a client's
             raise TypeError(f"Server.add got a malformed WireChunk: {problem}")
         if self.attack is not None or self._weigh is not None or not stacks(self.codec):
             return False
-        norms = rows_pass(
-            chunk, self.layout, self._sampled, self._heard_from, self.client_sizes, self._bound
+        passed = rows_pass(
+            chunk,
+            self.codec,
+            self.layout,
+            self._sampled,
+            self._heard_from,
+            self.client_sizes,
+            self._bound,
         )
-        if norms is None:
+        if passed is None:
             return False
+        rows, norms = passed
         stats, fold = self._stats, self._fold
         ids = chunk.client_ids.tolist()
         self._heard_from.update(ids)
         stats.clients_done += len(ids)
-        row_bytes = wire_nbytes(self.codec, chunk.messages[0]) if len(ids) else 0
+        row_bytes = wire_nbytes(self.codec, chunk.first_message())
         stats.bytes_up += row_bytes * len(ids) + sum(encoded_nbytes(s) for s in chunk.stats)
         contributions = []
         for client_id, num_samples, row, metrics, declared, norm in zip(
             ids,
             chunk.num_samples.tolist(),
-            chunk.messages,
+            rows,
             chunk.metrics,
             chunk.stats,
             norms,
@@ -293,7 +300,7 @@ class Server:
             fold.add_loss(metrics.get("loss", math.nan), num_samples)
             fold.add_norm(norm)
             contributions.append(Contribution(client_id, row, num_samples, dict(declared)))
-        fold.fold_rows(contributions, chunk.messages)
+        fold.fold_rows(contributions, rows)
         return True
 
     def record_failure(self, client_id: int) -> None:

@@ -80,16 +80,18 @@ class WireUpdate:
 @dataclass(frozen=True)
 class WireChunk:
     """Several clients' updates of one batched chunk as one message (raysim.core.wire_chunk):
-    row i of `messages` is client `client_ids[i]`'s update encoded by the run's codec, for a
-    codec whose message is the vector itself (dense). One array instead of one per client: a
-    task returns (and Ray serialises) one object, and the server checks and folds the rows
-    with whole-array operations, with the same results as for the clients' `WireUpdate`s one
-    by one (`updates()`), in client-id order. Built by the client task, never by an algorithm.
+    row i of `messages` is client `client_ids[i]`'s update encoded by the run's codec: an array
+    of rows for a codec whose message is one array (dense: the vector itself), or a tuple of
+    arrays of rows for one whose message is a list of arrays (ranks: one per layer), row i of
+    each making client i's list. One object instead of one per client: a task returns (and Ray
+    serialises) it whole, and the server checks and folds the rows with whole-array
+    operations, with the same results as for the clients' `WireUpdate`s one by one
+    (`updates()`), in client-id order. Built by the client task, never by an algorithm.
     """
 
     client_ids: np.ndarray  # int64, ascending as the task trained them
     num_samples: np.ndarray  # int64, one per client
-    messages: np.ndarray  # (clients, entries)
+    messages: np.ndarray | tuple[np.ndarray, ...]  # (clients, entries), or a tuple of them
     metrics: tuple[dict[str, float], ...]
     stats: tuple[dict[str, float], ...]
 
@@ -99,17 +101,25 @@ class WireChunk:
 
     def updates(self) -> list[WireUpdate]:
         """The chunk as the clients' own updates (rows are views, nothing copied)."""
+        messages = self.messages
+        if isinstance(messages, tuple):  # row i of each array: client i's list of arrays
+            messages = [list(parts) for parts in zip(*messages, strict=True)]
         return [
-            WireUpdate(int(c), int(n), row, m, s)
-            for c, n, row, m, s in zip(
+            WireUpdate(int(c), int(n), message, m, s)
+            for c, n, message, m, s in zip(
                 self.client_ids,
                 self.num_samples,
-                self.messages,
+                messages,
                 self.metrics,
                 self.stats,
                 strict=True,
             )
         ]
+
+    def first_message(self):
+        """Client 0's message (its views), as `updates()` gives it."""
+        messages = self.messages
+        return [part[0] for part in messages] if isinstance(messages, tuple) else messages[0]
 
 
 @dataclass(frozen=True)
