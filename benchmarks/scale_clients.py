@@ -40,7 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
+from raysim.core.run_record import round_seconds as run_round_seconds
 
 ROUNDS, WARMUP = 20, 3
 
@@ -75,8 +75,8 @@ def one_size(num_clients: int, samples_per_client: int, num_cpus: int | None) ->
     config = config_module.from_dict({}, overrides)
     with tempfile.TemporaryDirectory() as out:
         result = run(config, out, progress=False, tensorboard=False)
-        elapsed = [json.loads(line)["elapsed_s"] for line in open(Path(out) / "metrics.jsonl")]
-    round_s = np.diff([0.0, *elapsed])[WARMUP:]
+        records = [json.loads(line) for line in open(Path(out) / "metrics.jsonl")]
+    round_s = run_round_seconds(records)[WARMUP:]
     dataset_bytes = num_samples * 16 * 4 + num_samples * 8  # float32 features + int64 labels
     summary = result.summary
     return {
@@ -143,8 +143,8 @@ def round_seconds(config, warmup: int) -> tuple[float, float]:
 
     with tempfile.TemporaryDirectory() as out:
         result = run(config, out, progress=False, tensorboard=False)
-        elapsed = [json.loads(line)["elapsed_s"] for line in open(Path(out) / "metrics.jsonl")]
-    seconds = np.diff([0.0, *elapsed])[warmup:]
+        records = [json.loads(line) for line in open(Path(out) / "metrics.jsonl")]
+    seconds = run_round_seconds(records)[warmup:]
     final = result.summary["final"]
     return float(statistics.median(seconds)), float(final.get("accuracy", final.get("p@1")))
 

@@ -8,7 +8,8 @@ One FedAvg workload, three ways, in one process run:
   ray     raysim's Ray backend (client tasks + server actor) through the full round loop
 
 Per-round times are differences of consecutive `elapsed_s` values in metrics.jsonl, so they
-include everything the loop does (dispatch, aggregation, logging, checkpoints). The first
+include everything the loop does (dispatch, aggregation, logging, checkpoints); a block of
+rounds the Ray backend ran ahead shares its time equally (raysim.core.run_record.round_seconds). The first
 rounds are warm-up (worker start, imports) and are dropped. Each way runs --repeats times and
 keeps its best median; the plain loop is measured before Ray starts. Prints a table and writes
 JSON.
@@ -33,6 +34,7 @@ from torch import nn
 from raysim import config as config_module
 from raysim.assembly import plan_run, run
 from raysim.core.algorithm import RunContext
+from raysim.core.run_record import round_seconds
 from raysim.data.datasets import load_dataset
 from raysim.models.vector import build_model, get_vector, set_vector
 from raysim.seeds import client_generator, sample_clients
@@ -130,8 +132,8 @@ def plain_loop_round_times(config, threads: int) -> list[float]:
 def raysim_round_times(config) -> tuple[list[float], np.ndarray]:
     with tempfile.TemporaryDirectory() as out:
         result = run(config, out, progress=False)
-        elapsed = [json.loads(line)["elapsed_s"] for line in open(Path(out) / "metrics.jsonl")]
-    return list(np.diff([0.0, *elapsed])), result.state.arrays["params"]
+        records = [json.loads(line) for line in open(Path(out) / "metrics.jsonl")]
+    return round_seconds(records), result.state.arrays["params"]
 
 
 def main(argv=None) -> int:

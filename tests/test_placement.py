@@ -147,3 +147,54 @@ def test_a_checkpoint_or_an_evaluation_between_rounds_is_not_timed(monkeypatch):
         timed._record_round_time(round_index)
         clock[0] += 0.010 + (0.050 if round_index in (5, 8) else 0.0)
     assert timed._cost["server"] > 0.0015
+
+
+def test_blocks_run_ahead_hold_about_block_seconds_of_rounds_within_memory():
+    """Rounds run ahead in the server actor go as blocks, one call each, of BLOCK_SECONDS of
+    rounds at the measured time a client (at least one, at most MAX_BLOCK_ROUNDS, and no more
+    state copies than BLOCK_STATE_BYTES)."""
+    import numpy as np
+
+    from raysim.core.state import RoundInfo
+    from raysim.runtime import ray_backend
+
+    backend = _backend(tasks=0.001, server=0.0003, compute=0.0003)
+    backend._state_nbytes = 1 << 20
+    ten = RoundInfo(5, np.arange(10))
+    expected = int(ray_backend.BLOCK_SECONDS // (0.0003 * 10))  # 3 ms rounds
+    assert 2 <= expected <= ray_backend.MAX_BLOCK_ROUNDS and backend._block_size(ten) == expected
+    backend._state_nbytes = ray_backend.BLOCK_STATE_BYTES // 2  # two copies at most
+    assert backend._block_size(ten) == 2
+    backend._state_nbytes = 1 << 20
+    backend._cost["server"] = 0.01  # 100 ms rounds: one at a time ahead, as before blocks
+    assert backend._block_size(ten) == 1
+    backend._cost["server"] = 1e-7
+    assert backend._block_size(ten) == ray_backend.MAX_BLOCK_ROUNDS
+    backend._cost["server"] = None  # not measured yet
+    assert backend._block_size(ten) == 1
+
+
+def test_blocks_time_the_server_by_consecutive_fetches(monkeypatch):
+    import numpy as np
+
+    from raysim.core.state import RoundInfo
+    from raysim.runtime import ray_placement
+
+    backend = _backend(tasks=None, server=None, compute=None)
+    backend._init_placement(parallel_slots=2)
+    clock = [0.0]
+    monkeypatch.setattr(ray_placement.time, "perf_counter", lambda: clock[0])
+
+    def fetched(first: int, last: int, seconds: float) -> None:
+        clock[0] += seconds
+        infos = [RoundInfo(r, np.arange(10)) for r in range(first, last + 1)]
+        backend._record_block_time(first, last, infos)
+
+    fetched(2, 5, 1.0)  # the first block: nothing to time it from
+    assert backend._cost["server"] is None
+    fetched(6, 9, 0.040)  # 4 rounds of 10 clients in 40 ms: 1 ms a client
+    assert abs(backend._cost["server"] - 0.001) < 1e-12 and backend._cost_round[True] == 9
+    fetched(12, 13, 5.0)  # not the next block (rounds 10-11 went otherwise): not timed
+    assert abs(backend._cost["server"] - 0.001) < 1e-12
+    fetched(14, 15, 0.060)  # 3 ms a client
+    assert abs(backend._cost["server"] - 0.002) < 1e-12 and backend._cost_round[True] == 15

@@ -128,3 +128,102 @@ def _checkpoints_of_round(tmp_path: Path, round_done: int) -> dict[str, np.ndarr
     out = tmp_path / f"local_to_{round_done}"
     run(_config("local", rounds=round_done), out, progress=False, tensorboard=False)
     return _checkpoints(out)[round_done]
+
+
+def _in_blocks_of(monkeypatch, size: int) -> list[int]:
+    """Every round after the first trains in the server actor, and rounds run ahead in blocks
+    of `size` (or up to the run's end); returns the sizes of the blocks queued."""
+    monkeypatch.setattr(RayBackend, "_place", lambda self, round_index: round_index >= 1)
+    monkeypatch.setattr(RayBackend, "_block_size", lambda self, first: size)
+    sizes: list[int] = []
+    original = RayBackend._queue_block
+
+    def counted(self, first) -> None:
+        original(self, first)
+        sizes.append(len(self._blocks[-1].infos))
+
+    monkeypatch.setattr(RayBackend, "_queue_block", counted)
+    return sizes
+
+
+LONGER = {"rounds": 11, "keep_checkpoints": 11, "eval_every": 3}
+
+
+@pytest.mark.ray
+def test_rounds_run_ahead_in_blocks_equal_the_local_backend(ray_session, tmp_path, monkeypatch):
+    """Blocks of four rounds a call, evaluations inside them (every third round) and a
+    checkpoint every round (the rounds' states kept in the actor until the driver takes them):
+    every record, checkpoint and the final state as on the local backend."""
+    sizes = _in_blocks_of(monkeypatch, 4)
+    on_ray = run(_config("ray", **LONGER), tmp_path / "ray", progress=False, tensorboard=False)
+    local = run(_config("local", **LONGER), tmp_path / "local", progress=False, tensorboard=False)
+    assert sizes == [4, 4, 2]  # rounds 2-5, 6-9 and 10-11 (1-based) ahead
+    assert on_ray.summary["placement"]["clients_in_server_actor"] == 10 * 4
+    records = _records(tmp_path / "ray")
+    assert records == _records(tmp_path / "local")
+    assert [bool(r["eval"]) for r in records] == [r % 3 == 0 or r == 11 for r in range(1, 12)]
+    lines = (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()
+    calls = [json.loads(line).get("rounds_in_call", 1) for line in lines]
+    assert calls == [1] + [4] * 8 + [2] * 2  # each block's rounds came back in one call
+    on_ray_checkpoints = _checkpoints(tmp_path / "ray")
+    assert sorted(on_ray_checkpoints) == list(range(1, 12))
+    for round_done, arrays in _checkpoints(tmp_path / "local").items():
+        _assert_same_arrays(on_ray_checkpoints[round_done], arrays)
+    _assert_same_arrays(on_ray.state.arrays, local.state.arrays)
+
+
+@pytest.mark.ray
+def test_a_stop_in_the_middle_of_a_block_checkpoints_its_round_and_resumes_identically(
+    ray_session, tmp_path, monkeypatch
+):
+    """Stopped (SIGTERM) after round 5 while the actor has run the blocks up to round 9:
+    the checkpoint is round 5's state (a copy the actor kept), and the resume ends where an
+    uninterrupted run does."""
+    sizes = _in_blocks_of(monkeypatch, 4)
+    asked: list[bool] = []
+
+    def stop_after_round_five() -> bool:
+        asked.append(True)
+        return len(asked) == 5
+
+    monkeypatch.setattr(interrupts, "stop_requested", stop_after_round_five)
+    stopped = tmp_path / "stopped"
+    settings = {**LONGER, "checkpoint_every": 0}
+    with pytest.raises(interrupts.Terminated):
+        run(_config("ray", **settings), stopped, progress=False, tensorboard=False)
+    assert sizes == [4, 4]  # rounds 2-5 and 6-9 (1-based) were queued when it stopped
+    (checkpoint,) = checkpoint_paths(stopped / "checkpoints")
+    state, _ = load_checkpoint(checkpoint)
+    assert state.round == 5
+    monkeypatch.setattr(interrupts, "stop_requested", lambda: False)
+    out = tmp_path / "local_to_5"
+    run(_config("local", **{**settings, "rounds": 5}), out, progress=False, tensorboard=False)
+    _assert_same_arrays(
+        state.arrays, load_checkpoint(checkpoint_paths(out / "checkpoints")[-1])[0].arrays
+    )
+    whole = run(_config("local", **settings), tmp_path / "whole", progress=False, tensorboard=False)
+    resumed = resume(stopped, progress=False, tensorboard=False)
+    assert resumed.state.round == 11
+    _assert_same_arrays(resumed.state.arrays, whole.state.arrays)
+
+
+def test_a_blocks_rounds_share_its_wait_in_the_round_times():
+    """The driver waits for a block at its first round, so metrics.jsonl's times give that
+    round the block's time and the others almost none; the run's median round and the
+    benchmarks share it over the block's rounds (`round_seconds`)."""
+    from raysim.core.run_record import RunTally, round_seconds, spread_over_calls
+    from raysim.core.state import RoundStats
+
+    assert spread_over_calls([0.8, 0.0, 0.0, 0.0, 0.3], [4, 4, 4, 4, 1]) == [0.2] * 4 + [0.3]
+    assert spread_over_calls([0.6, 0.0], [4, 4]) == [0.3, 0.3]  # a block cut short (a stop)
+    elapsed = [1.0, 1.3, 1.31, 1.32, 1.42]
+    records = [
+        {"elapsed_s": e, **({"rounds_in_call": 3} if 1 <= i <= 3 else {})}
+        for i, e in enumerate(elapsed)
+    ]
+    assert np.allclose(round_seconds(records), [1.0, 0.32 / 3, 0.32 / 3, 0.32 / 3, 0.1])
+    tally = RunTally(None)
+    for wall, call in [(0.01, 1), (0.04, 4), (0.0001, 4), (0.0001, 4), (0.0001, 4), (0.011, 1)]:
+        tally.add({"round": 1, "wall_s": wall}, RoundStats(rounds_in_call=call))
+    summary = tally.summary(rounds=6, resumed_from=None, wall_s=1.0, server_restarts=0)
+    assert summary["median_round_s"] == pytest.approx(0.0403 / 4)  # not the block's 0.0001

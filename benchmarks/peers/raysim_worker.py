@@ -4,7 +4,9 @@ The config is the workload's raysim overrides (recorded in the .npz by run.py) p
 the round count and `run.eval_every` = rounds (one evaluation, after the last round). Every
 output stays on as in the config defaults: metrics.jsonl, summary.json, TensorBoard, curves,
 checkpoints every `run.checkpoint_every` rounds and at the last. Round times are the differences
-of consecutive `elapsed_s` in metrics.jsonl (as benchmarks/throughput.py takes them). The
+of consecutive `elapsed_s` in metrics.jsonl (as benchmarks/throughput.py takes them), the rounds
+one call brought back (a block of small rounds the Ray backend ran ahead) sharing its time
+equally (raysim.core.run_record.round_seconds). The
 .npz's client schedule and batch orders were drawn by raysim's own sampling functions from this
 config and seed, so this run trains the same clients in the same order. Prints one JSON line.
 `--batched 1` trains each task's clients together (`clients.batched: true`, docs/BATCHED.md):
@@ -31,6 +33,7 @@ def main(argv=None) -> int:
     import torch  # noqa: F401 - versions below
 
     import raysim
+    from raysim.core.run_record import round_seconds
 
     work = load_workload(args.workload)
     rounds = work.rounds
@@ -47,8 +50,8 @@ def main(argv=None) -> int:
     with quiet_stdout():
         result = raysim.run({}, args.out, overrides=overrides, progress=False, overwrite=True)
     lines = (Path(args.out) / "metrics.jsonl").read_text().splitlines()
-    elapsed = [json.loads(line)["elapsed_s"] for line in lines]
-    times = [b - a for a, b in zip([0.0, *elapsed], elapsed, strict=False)]
+    # (rounds the Ray backend ran ahead in a block share the block's wait)
+    times = round_seconds([json.loads(line) for line in lines])
     emit(
         system,
         times,

@@ -35,6 +35,17 @@ def _test_kill_hook() -> int | None:
     return int(value) if value else None
 
 
+def evaluation_due(run: RunConfig, round_index: int) -> bool:
+    """Whether the loop evaluates after round `round_index` (0-based): every `run.eval_every`
+    rounds, the rounds of `run.eval_at`, and the last. (A backend that runs rounds ahead asks
+    the same rule: raysim.runtime.ray_backend.)"""
+    return (
+        round_index == run.rounds - 1
+        or (round_index + 1) % run.eval_every == 0
+        or round_index + 1 in run.eval_at
+    )
+
+
 def run_rounds(
     run: RunConfig,
     backend: Any,
@@ -72,9 +83,7 @@ def run_rounds(
             # so a backend may dispatch them as soon as this round's model exists.
             last = round_index == rounds - 1
             next_info = None if last else schedule.info(round_index + 1)
-            evaluate = (
-                last or (round_index + 1) % run.eval_every == 0 or round_index + 1 in run.eval_at
-            )
+            evaluate = evaluation_due(run, round_index)
             server.new_round()
             try:
                 stats = server.call(

@@ -55,7 +55,32 @@ def round_record(
             "evaluate_s": stats.evaluate_s,
         },
     }
+    if stats.rounds_in_call > 1:  # (see round_seconds)
+        record["rounds_in_call"] = stats.rounds_in_call
     return record
+
+
+def spread_over_calls(seconds: list[float], rounds_in_call: list[int]) -> list[float]:
+    """Rounds' seconds as the driver measured them (`seconds`, one a round, in order), each
+    backend call's seconds shared equally by the rounds it brought back (`rounds_in_call`, one
+    a round: a block of K rounds run ahead is K rounds in a row marked K, the first of which
+    waited for them all). A block cut short (a stopped run) shares over the rounds there."""
+    spread: list[float] = []
+    position = 0
+    while position < len(seconds):
+        group = seconds[position : position + max(1, int(rounds_in_call[position]))]
+        spread += [sum(group) / len(group)] * len(group)
+        position += len(group)
+    return spread
+
+
+def round_seconds(records: list[dict[str, Any]]) -> list[float]:
+    """Each round's seconds from a run's metrics.jsonl records: the differences of
+    consecutive `elapsed_s` (each round's logging included), a call's spread over the rounds
+    it brought back (`spread_over_calls`)."""
+    elapsed = [float(record["elapsed_s"]) for record in records]
+    seconds = [b - a for a, b in zip([0.0, *elapsed], elapsed, strict=False)]
+    return spread_over_calls(seconds, [record.get("rounds_in_call", 1) for record in records])
 
 
 def add_outcome(record: dict[str, Any], stats: RoundStats) -> None:
@@ -82,6 +107,7 @@ class RunTally:
         self.train_loss = float("nan")
         self.best_eval, self.best_val = BestSoFar(), BestSoFar()  # the best so far of each metric
         self.round_times: list[float] = []
+        self.rounds_in_call: list[int] = []
         for record in history or []:  # rounds done before a resume count in the totals
             self.best_eval.add(record.get("round", 0), record.get("eval") or {})
             self.best_val.add(record.get("round", 0), record.get("val") or {})
@@ -95,6 +121,7 @@ class RunTally:
 
     def add(self, record: dict[str, Any], stats: RoundStats) -> None:
         self.round_times.append(record["wall_s"])
+        self.rounds_in_call.append(stats.rounds_in_call)
         for key in self.totals:
             self.totals[key] += getattr(stats, key)
         self.train_loss = stats.train_loss
@@ -138,7 +165,12 @@ class RunTally:
             "clients_late": totals["clients_late"],
             "task_retries": totals["task_retries"],
             "server_restarts": server_restarts,
-            "median_round_s": (statistics.median(self.round_times) if self.round_times else None),
+            # (a block of rounds run ahead shares its wait over its rounds: spread_over_calls)
+            "median_round_s": (
+                statistics.median(spread_over_calls(self.round_times, self.rounds_in_call))
+                if self.round_times
+                else None
+            ),
             # simulated time, participation, time-to-target (raysim.core.schedule.sync_clock)
             **({"sim": self.sim} if self.sim is not None else {}),
         }

@@ -453,8 +453,7 @@ class Server:
 
     def add_evaluation(self, stats: RoundStats) -> None:
         """The state's evaluation on the test split (and the validation split, when there is
-        one) into `stats`, with the seconds it took: a pure function of the state, so a round
-        evaluated after its end (RayBackend's round run ahead) gets the same numbers."""
+        one) into `stats`, with the seconds it took: a pure function of the state."""
         started = time.perf_counter()
         stats.eval = self.evaluate()
         if self.val_x is not None:  # per-client rows (if any) of the validation split

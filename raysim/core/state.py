@@ -241,6 +241,10 @@ class RoundStats:
     # Set (to the client's error) when the clients failed inside the Ray server actor and the
     # round was trained again in tasks (raysim.runtime.ray_server); "" otherwise.
     server_place_failed: str = ""
+    # How many rounds came back in the one backend call that brought this round (rounds the
+    # Ray backend ran ahead in a block: the driver waited for them all at the block's first
+    # round, so its wall time covers the block and the others' almost nothing); 1 otherwise.
+    rounds_in_call: int = 1
     aggregate_s: float = 0.0
     evaluate_s: float = 0.0
     # Further server-side phases an algorithm reports (FedAwS: index_s, spreadout_s).

@@ -15,13 +15,16 @@ a round's clients train (ray_placement).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+import numpy as np
 import ray
 
 from raysim.core.algorithm import RunContext
 from raysim.core.backend import RuntimeAttachments
 from raysim.core.faults import ServerLost
+from raysim.core.loop import evaluation_due
 from raysim.core.server import ServerData, build_algorithm
 from raysim.core.state import RoundInfo, RoundStats, ServerState
 from raysim.data.datasets import Dataset
@@ -51,6 +54,46 @@ def build_index_with_actors(backend: str, num_rows: int, dim: int, *, shards: in
 # A state up to this size is copied once a round run ahead in the server actor (for a
 # checkpoint of the round before): well under a millisecond, less than the round trip saved.
 RUN_AHEAD_STATE_BYTES = 4 * 1024 * 1024
+# Rounds run ahead go to the server actor in blocks, one call each, of about BLOCK_SECONDS of
+# rounds: a call's round trip costs ~0.4 ms on 2 cores (a sixth of a 3 ms round of 10 digits
+# clients), paid once a block. At most MAX_BLOCK_ROUNDS rounds, and no more copies of the state
+# (one a round, kept for checkpoints until the driver takes the round) than BLOCK_STATE_BYTES;
+# rounds of BLOCK_SECONDS or more run one ahead, as single-round blocks.
+BLOCK_SECONDS = 0.02
+MAX_BLOCK_ROUNDS = 16
+BLOCK_STATE_BYTES = 16 * 1024 * 1024
+
+
+@dataclasses.dataclass
+class RoundsAhead:
+    """Rounds queued ahead in the server actor as one call (`ServerActor.run_rounds_ahead`):
+    their infos, whether each is evaluated, the call, and its stats once fetched (a list that
+    ends early where the block stopped)."""
+
+    infos: list[RoundInfo]
+    evaluates: list[bool]
+    call: ray.ObjectRef
+    stats: list[RoundStats] | None = None
+
+    @property
+    def first(self) -> int:
+        return self.infos[0].round_index
+
+    @property
+    def last(self) -> int:
+        return self.infos[-1].round_index
+
+    def holds(self, info: RoundInfo, evaluate: bool) -> bool:
+        """Whether the block ran `info`'s round as the loop asks for it: its clients, its
+        attacker's, and the evaluation."""
+        ran = self.infos[info.round_index - self.first]
+        return (
+            ran.round_index == info.round_index
+            and np.array_equal(ran.client_ids, info.client_ids)
+            and np.array_equal(ran.attacker_pool, info.attacker_pool)
+            and ran.malicious_below == info.malicious_below
+            and self.evaluates[info.round_index - self.first] == evaluate
+        )
 
 
 class RayBackend(ClientPlacement):
@@ -78,7 +121,7 @@ class RayBackend(ClientPlacement):
                 server_num_gpus=server_gpus,
             )
             plan = prepare(dataset, attachments)  # the RunPlan (raysim.assembly.plan), whole
-            backend = cls(plan.ctx, dataset, plan.split, train_x_ref, plan.schedule)
+            backend = cls(plan.ctx, dataset, plan.split, train_x_ref, plan.schedule, plan.rounds)
         except BaseException:
             if started_ray:
                 disconnect()
@@ -93,9 +136,13 @@ class RayBackend(ClientPlacement):
         split: ClientSplit,
         train_x_ref: ray.ObjectRef,
         schedule=None,
+        rounds=None,
     ) -> None:
         """Ray must be connected (see `connect`); `ctx` is the plan's run context (built with
-        this backend's RuntimeAttachments); `train_x_ref` holds the training features."""
+        this backend's RuntimeAttachments); `train_x_ref` holds the training features;
+        `schedule` the plan's asynchronous event schedule (the server's), `rounds` its round
+        schedule (the loop's: which clients each round trains), which rounds run ahead follow
+        (without it they run one ahead, as the loop names the next round)."""
         self.ctx = ctx
         self.dataset, self.split = dataset, split
         self.started_ray = False
@@ -111,48 +158,22 @@ class RayBackend(ClientPlacement):
         self._kill_server_at = int(kill_at) if kill_at else None
         clients = ctx.config.clients
         self._init_placement(client_slots(clients.num_cpus), gpu_slots(clients))
-        # A round queued ahead in the server actor (round index, its call), whether rounds
-        # may be (None: not asked yet), and the rounds the loop has been handed.
-        self._ahead: tuple[int, ray.ObjectRef] | None = None
+        # Rounds queued ahead in the server actor (blocks, in order), whether rounds may run
+        # ahead (None: not asked yet), the state's bytes, the rounds the loop has been handed.
+        self._round_schedule = rounds
+        self._blocks: list[RoundsAhead] = []
         self._ahead_allowed: bool | None = None
+        self._state_nbytes: int | None = None
         self._rounds_done: int | None = None
 
     def run_round(
         self, info: RoundInfo, evaluate: bool, next_info: RoundInfo | None = None
     ) -> RoundStats:
-        self._record_round_time(info.round_index)
-        chunks = self._chunks(info)
-        next_round = None if next_info is None else (next_info, self._chunks(next_info))
-        ahead, self._ahead = self._ahead, None
-        actor = self.server.actor
-        if ahead is not None and ahead[0] == info.round_index:
-            call = ahead[1]  # queued behind the round before; evaluated now if asked
-            evaluation = actor.evaluation.remote() if evaluate else None
+        block = next((b for b in self._blocks if b.first <= info.round_index <= b.last), None)
+        if block is None:
+            stats = self._run_round_now(info, evaluate, next_info)
         else:
-            call = actor.run_round.remote(info, chunks, evaluate, next_round)
-            evaluation = None
-        # A small next round trained in the server actor is queued right behind this one:
-        # the actor runs it while this call returns and the driver logs, instead of waiting
-        # a round trip for the driver's next call (rounds of a few ms: a quarter of each).
-        if next_round is not None and next_round[1] is None and self._runs_ahead():
-            self._ahead = (next_info.round_index, actor.run_round_ahead.remote(next_info))
-        # (the next round's clients may start training in the server during this call)
-        self._server_busy = chunks is None or (next_round is not None and next_round[1] is None)
-        if self._kill_server_at == info.round_index + 1:
-            self._kill_server_at = None
-            self.server.kill()
-        stats = self._get(call)
-        if stats is None:  # the round ahead found the state elsewhere than at its start
-            self._ahead, self._ahead_allowed = None, False  # (what is queued runs nothing)
-            stats = self._get(actor.run_round.remote(info, chunks, evaluate, next_round))
-            evaluation = None
-        if evaluation is not None:
-            evaluated = self._get(evaluation)
-            stats.eval, stats.val, stats.evaluate_s = (
-                evaluated.eval,
-                evaluated.val,
-                evaluated.evaluate_s,
-            )
+            stats = self._run_round_ahead(block, info, evaluate, next_info)
         self._rounds_done = info.round_index + 1
         if evaluate:  # (an evaluation is not the clients' time either: see get_state)
             self._untimed_period()
@@ -161,13 +182,123 @@ class RayBackend(ClientPlacement):
         self._record_client_seconds(stats)
         return stats
 
+    def _run_round_now(
+        self, info: RoundInfo, evaluate: bool, next_info: RoundInfo | None
+    ) -> RoundStats:
+        """The round as its own call (nothing queued ahead holds it)."""
+        self._blocks = []  # (what is queued is for other rounds and runs nothing: see below)
+        self._record_round_time(info.round_index)
+        chunks = self._chunks(info)
+        next_round = None if next_info is None else (next_info, self._chunks(next_info))
+        call = self.server.actor.run_round.remote(info, chunks, evaluate, next_round)
+        # A small next round trained in the server actor is queued right behind this one,
+        # with the rounds after it (a block: _queue_block): the actor runs them while this
+        # call returns and the driver logs, instead of waiting a round trip for each of the
+        # driver's calls (rounds of a few ms: a quarter of each).
+        if next_round is not None and next_round[1] is None and self._runs_ahead():
+            self._queue_block(next_info)
+        # (the next round's clients may start training in the server during this call)
+        self._server_busy = chunks is None or (next_round is not None and next_round[1] is None)
+        self._kill_if_asked(info.round_index)
+        return self._get(call)
+
+    def _run_round_ahead(
+        self, block: RoundsAhead, info: RoundInfo, evaluate: bool, next_info: RoundInfo | None
+    ) -> RoundStats:
+        """The round from a block queued ahead: the block's stats are fetched at its first
+        round (the next block queued first, so the actor always has rounds to run)."""
+        self._last_call = None  # (the periods between these calls say nothing: blocks are timed)
+        if block.stats is None:
+            if block is self._blocks[-1]:
+                self._queue_after(block, next_info)
+            self._server_busy = True
+            self._kill_if_asked(info.round_index)
+            block.stats = self._get(block.call)
+            if len(block.stats) == len(block.infos) and not any(block.evaluates):
+                self._record_block_time(block.first, block.last, block.infos)
+        position = info.round_index - block.first
+        if position >= len(block.stats):
+            # The block stopped before this round: the state was elsewhere than at the
+            # block's start, or a client failed in the server actor (it then trains no more
+            # rounds; what is queued after runs nothing). This round goes as its own call.
+            self._ahead_allowed = False
+            return self._run_round_now(info, evaluate, next_info)
+        if not block.holds(info, evaluate):
+            raise RuntimeError(
+                f"round {info.round_index} ran ahead with other clients or another evaluation "
+                "than the loop asks for (RayBackend._queue_block follows the loop's schedule "
+                "and evaluation_due)"
+            )
+        if info.round_index == block.last:
+            self._blocks.remove(block)
+        stats = block.stats[position]
+        stats.rounds_in_call = len(block.stats)  # (the driver waited for them all at once)
+        return stats
+
+    def _queue_after(self, block: RoundsAhead, next_info: RoundInfo | None) -> None:
+        """Queue the block that follows `block`, when its first round trains in the server
+        actor (its info from the run's schedule; without one, the loop's `next_info` when
+        that is the round: single-round blocks)."""
+        following = block.last + 1
+        if following >= self.ctx.config.run.rounds or not self._runs_ahead():
+            return
+        if next_info is not None and next_info.round_index == following:
+            upcoming = next_info
+        elif self._round_schedule is not None:
+            upcoming = self._round_schedule.info(following)
+        else:
+            return
+        self._clients_of[following] = len(upcoming.trained_ids)
+        if self.trains_in_server(following):
+            self._queue_block(upcoming)
+
+    def _queue_block(self, first: RoundInfo) -> None:
+        """Queue rounds from `first` on in the server actor as one call (run_rounds_ahead):
+        as many as BLOCK_SECONDS of them at the measured time a round takes there (at least
+        one; fewer while the state's copies, one a round, would pass BLOCK_STATE_BYTES), each
+        trained in the server actor as placed (`trains_in_server`), up to the run's last
+        round; each evaluated when the loop will ask for it (`evaluation_due`)."""
+        run = self.ctx.config.run
+        infos = [first]
+        size = self._block_size(first)
+        while len(infos) < size and self._round_schedule is not None:
+            round_index = infos[-1].round_index + 1
+            if round_index >= run.rounds:
+                break
+            info = self._round_schedule.info(round_index)
+            self._clients_of[round_index] = len(info.trained_ids)
+            if not self.trains_in_server(round_index):
+                break
+            infos.append(info)
+        evaluates = [evaluation_due(run, i.round_index) for i in infos]
+        keep_from = first.round_index if self._rounds_done is None else self._rounds_done
+        call = self.server.actor.run_rounds_ahead.remote(infos, evaluates, keep_from)
+        self._blocks.append(RoundsAhead(infos, evaluates, call))
+
+    def _block_size(self, first: RoundInfo) -> int:
+        """Rounds a block holds: BLOCK_SECONDS of them at the server actor's measured time a
+        client, within MAX_BLOCK_ROUNDS and BLOCK_STATE_BYTES (see _queue_block)."""
+        per_client = self._cost["server"]
+        if per_client is None:
+            return 1
+        round_s = per_client * max(1, len(first.trained_ids))
+        size = int(BLOCK_SECONDS // max(round_s, 1e-9))
+        by_memory = BLOCK_STATE_BYTES // max(1, self._state_nbytes or 1)
+        return max(1, min(size, MAX_BLOCK_ROUNDS, by_memory))
+
+    def _kill_if_asked(self, round_index: int) -> None:
+        if self._kill_server_at == round_index + 1:  # (test hook: see __init__)
+            self._kill_server_at = None
+            self.server.kill()
+
     def _runs_ahead(self) -> bool:
-        """Whether rounds trained in the server actor may run one ahead: not with a client-
-        state store (the round ahead would write round t+1's client state before round t's
+        """Whether rounds trained in the server actor may run ahead: not with a client-
+        state store (a round ahead would write round t+1's client state before round t's
         checkpoint), and only for a state small enough that the copy the actor keeps of it
         for a checkpoint of the round before costs less than the round trip saved."""
         if self._ahead_allowed is None:
-            small = self._get(self.server.actor.state_nbytes.remote()) <= RUN_AHEAD_STATE_BYTES
+            self._state_nbytes = self._get(self.server.actor.state_nbytes.remote())
+            small = self._state_nbytes <= RUN_AHEAD_STATE_BYTES
             self._ahead_allowed = small and self.ctx.client_state is None
         return self._ahead_allowed
 
@@ -186,7 +317,7 @@ class RayBackend(ClientPlacement):
         Actors the old server created (FedAwS's index shards) died with it; the algorithm
         rebuilds them from the restored state."""
         self.restarts += 1
-        self._ahead, self._rounds_done = None, None
+        self._blocks, self._rounds_done = [], None
         self.server.replace()
         if state is not None:
             self.set_state(state)
@@ -205,7 +336,7 @@ class RayBackend(ClientPlacement):
 
     def set_state(self, state: ServerState) -> None:
         state = client_state.without_store(state, self.ctx)
-        self._ahead, self._rounds_done = None, state.round
+        self._blocks, self._rounds_done = [], state.round
         self._get(self.server.actor.set_state.remote(state))
 
     def server_peak_rss_bytes(self) -> int:

@@ -87,6 +87,7 @@ class ClientPlacement:
         self._cost: dict[str, float | None] = {"tasks": None, "server": None}
         self._cost_round: dict[bool, int] = {False: 0, True: 0}
         self._last_call: tuple[int, float] | None = None
+        self._last_block: tuple[int, float] | None = None  # (its last round, fetched when)
         # Whether the server actor trains (or is about to train) clients in the current call,
         # and whether that place is off for good: a client that kills its process there (a
         # segfault, os._exit, Ray's memory monitor) takes the server with it, while in a task
@@ -213,7 +214,9 @@ class ClientPlacement:
 
     def _untimed_period(self) -> None:
         """The period from the last round's call to the next is not timed (the driver did
-        something else in it than wait for clients: a checkpoint)."""
+        something else in it than wait for clients: a checkpoint). Blocks of rounds run ahead
+        are timed by their fetches, which a checkpoint between does not hold up (the actor
+        runs the queued block meanwhile), apart from any with an evaluation in it."""
         self._last_call = None
 
     def _record_round_time(self, round_index: int) -> None:
@@ -235,6 +238,21 @@ class ClientPlacement:
             per_client if self._cost[key] is None else (0.5 * self._cost[key] + 0.5 * per_client)
         )
         self._cost_round[place] = round_index - 1
+
+    def _record_block_time(self, first: int, last: int, infos: list[RoundInfo]) -> None:
+        """Time the server actor by the blocks of rounds it runs ahead (RayBackend): the
+        period between the fetches of two consecutive blocks, per client of the later one
+        (`infos`, rounds `first`..`last`), whole and without an evaluation (the caller's
+        check)."""
+        now = time.perf_counter()
+        previous, self._last_block = self._last_block, (last, now)
+        if previous is None or previous[0] != first - 1:
+            return
+        clients = sum(len(info.trained_ids) for info in infos)
+        per_client = (now - previous[1]) / max(1, clients)
+        cost = self._cost["server"]
+        self._cost["server"] = per_client if cost is None else 0.5 * cost + 0.5 * per_client
+        self._cost_round[True] = last
 
     def _chunks(self, info: RoundInfo) -> list[np.ndarray] | None:
         """The round's tasks (contiguous runs of its clients), or None: train in the server."""

@@ -101,12 +101,15 @@ class ServerActor:
         self._prefetched: tuple[int, float, list, list] | None = None
         # A small next round's training, started on a thread (see _run_round_here).
         self._prefetched_here: tuple[int, Future] | None = None
-        # The state before a round run ahead (run_round_ahead), for get_state(as_of).
-        self._before_ahead: ServerState | None = None
+        # The states before the rounds run ahead (run_rounds_ahead), by round, for
+        # get_state(as_of): dropped once the driver has taken their rounds.
+        self._kept: dict[int, ServerState] = {}
         self._trainer: ThreadPoolExecutor | None = None
         self.metrics = RoundMetrics(ctx.config.run.name)  # Ray dashboard: rounds, updates, bytes
         self.nodes: Counter[str] = Counter()  # client tasks per node id
         self.clients_here = 0  # client updates trained in this actor (no task)
+        # A client failed in this actor: no later round queued ahead trains here.
+        self.clients_failed_here = False
 
     def _publish_payload(self) -> None:
         payload = self.server.payload()
@@ -213,6 +216,7 @@ class ServerActor:
             # client only: the round's clients train again as tasks, under the task path's
             # rules (retries, drops), and the driver trains no later round here. Nothing was
             # folded in yet, so the round is computed as if it had been dispatched as tasks.
+            self.clients_failed_here = True
             ids = info.trained_ids
             chunks = chunk_clients(ids, max(1, min(len(ids), self.fallback_tasks)))
             stats = self.run_round(info, chunks, evaluate, None)
@@ -237,40 +241,48 @@ class ServerActor:
                 self._prefetched_here = (next_info.round_index, future)
         return stats
 
-    def run_round_ahead(self, info: RoundInfo) -> RoundStats | None:
-        """A small round the driver queued behind the one before it (RayBackend runs such
-        rounds one ahead, so its call's round trip and its logging overlap this round). It
-        runs only on the state the round before ended with (after a failed round the state
-        is older: nothing runs, None), trains here, evaluates nothing (`evaluation` does when
-        the round is asked for), and keeps a copy of the state before it for `get_state`
-        (a checkpoint of the round before, e.g. when the run stops there on SIGTERM)."""
-        state = self.server.get_state()
-        if state.round != info.round_index:
-            return None
-        self._before_ahead = state.copy()
-        return self._run_round_here(info, False, None)
-
-    def evaluation(self) -> RoundStats:
-        """The current state's evaluation (test and validation splits, its seconds)."""
-        stats = RoundStats()
-        self.server.add_evaluation(stats)
-        return stats
+    def run_rounds_ahead(
+        self, infos: list[RoundInfo], evaluates: list[bool], keep_from: int
+    ) -> list[RoundStats]:
+        """Small rounds the driver queued behind the ones before them (RayBackend runs them
+        a block ahead: the actor runs them one after another while the driver logs the rounds
+        before, and one call's round trip serves the block). Each round runs only on the state
+        the round before ended with (otherwise it and the rest run nothing: the list of stats
+        ends before it), trains here, evaluates when `evaluates` says (the loop's rule), and
+        keeps a copy of the state before it for `get_state` (a checkpoint of the round
+        before, taken when the driver gets there, e.g. when the run stops there on SIGTERM).
+        Copies of rounds before `keep_from`, which the driver has taken, are dropped. A round
+        whose clients failed here trained in tasks instead (`_run_round_here`); the block ends
+        after it, and no later block runs anything (the driver trains no more rounds here)."""
+        for round_done in [r for r in self._kept if r < keep_from]:
+            del self._kept[round_done]
+        done: list[RoundStats] = []
+        for info, evaluate in zip(infos, evaluates, strict=True):
+            state = self.server.get_state()
+            if state.round != info.round_index or self.clients_failed_here:
+                break
+            self._kept[state.round] = state.copy()
+            stats = self._run_round_here(info, evaluate, None)
+            done.append(stats)
+            if stats.server_place_failed:
+                break
+        return done
 
     def get_state(self, as_of: int | None = None) -> ServerState:
         """The state after round `as_of` (None: the current one): the copy kept before a
-        round run ahead when the driver has not taken that round yet."""
+        round run ahead (run_rounds_ahead) when the driver has not taken that round yet."""
         state = self.server.get_state()
         if as_of is None or state.round == as_of:
             return state
-        if self._before_ahead is not None and self._before_ahead.round == as_of:
-            return self._before_ahead
+        if as_of in self._kept:
+            return self._kept[as_of]
         raise RuntimeError(f"the server holds round {state.round}'s state, not round {as_of}'s")
 
     def set_state(self, state: ServerState) -> None:
         self.server.set_state(state)
         self._prefetched = None  # dispatched against the old payload
         self._prefetched_here = None
-        self._before_ahead = None
+        self._kept.clear()
         self._publish_payload()
 
     def state_nbytes(self) -> int:
