@@ -9,10 +9,10 @@ One FedAvg workload, three ways, in one process run:
 
 Per-round times are differences of consecutive `elapsed_s` values in metrics.jsonl, so they
 include everything the loop does (dispatch, aggregation, logging, checkpoints); a block of
-rounds the Ray backend ran ahead shares its time equally (raysim.core.run_record.round_seconds). The first
-rounds are warm-up (worker start, imports) and are dropped. Each way runs --repeats times and
-keeps its best median; the plain loop is measured before Ray starts. Prints a table and writes
-JSON.
+rounds the Ray backend ran ahead shares its time equally (raysim.core.run_record.round_seconds).
+The first rounds are warm-up (worker start, imports) and are dropped. Each way runs --repeats
+times and keeps its best median; the plain loop is measured before Ray starts. Prints a table
+and writes JSON.
 
     python benchmarks/throughput.py [--sizes tiny heavy] [--rounds N] [--out FILE]
 """

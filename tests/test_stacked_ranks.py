@@ -9,14 +9,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+from test_wire_chunk import fold, round_of
 
 from raysim.core import wire_chunk
 from raysim.core.aggregators import LinearAccumulator
 from raysim.core.codecs import Ranks, VectorLayout, not_a_permutation, rows_are_permutations
 from raysim.core.fixed_point import SumOverflowError
 from raysim.core.rankcodec import bits_for, pack, pack_rows, packed_nbytes, unpack, unpack_rows
-from raysim.core.server import Server
-from raysim.core.state import ClientUpdate, RoundInfo, WireChunk, WireUpdate
+from raysim.core.state import ClientUpdate, WireChunk, WireUpdate
 from raysim.core.wire_chunk import TaskMessages
 
 # --- the packing -------------------------------------------------------------------------------
@@ -140,11 +140,6 @@ def frl_round():
 
     from raysim import config
     from raysim.algorithms.frl import FRL
-    from raysim.assembly import plan_run
-    from raysim.core.clients import train_clients
-    from raysim.data.datasets import load_dataset
-    from raysim.runtime.local import LocalBackend
-    from raysim.seeds import sample_clients
 
     cfg = config.load(
         REPO_ROOT / "configs" / "frl_digits.yaml",
@@ -158,36 +153,7 @@ def frl_round():
     )
     with pytest.MonkeyPatch.context() as patch:  # a CPU trains FRL one at a time otherwise
         patch.setattr(FRL, "batching_problem", lambda self, ctx: None)
-        dataset = load_dataset(cfg)
-        plan = plan_run(cfg, dataset)
-        backend = LocalBackend(plan.ctx, dataset, plan.split)
-        ids = sample_clients(cfg.run.seed, 0, plan.split.num_clients, cfg.clients.per_round)
-        sent = train_clients(
-            backend.ctx,
-            backend.algorithm,
-            backend.server.payload(),
-            dataset.train_x,
-            dataset.train_y,
-            plan.split.indices,
-            plan.split.offsets,
-            0,
-            ids,
-        )
-    return backend, RoundInfo(0, ids), sent
-
-
-def _fold(server, info, updates, initial, monkeypatch):
-    one_by_one = []
-    add_one = Server._add_one
-    monkeypatch.setattr(
-        Server, "_add_one", lambda self, update: (one_by_one.append(1), add_one(self, update))
-    )
-    server.set_state(initial)
-    server.start_round(info)
-    server.add(updates)
-    stats = server.finish_round(evaluate=False)
-    monkeypatch.setattr(Server, "_add_one", add_one)
-    return stats, server.get_state(), len(one_by_one)
+        return round_of(cfg)
 
 
 def _same_round(a, b):
@@ -210,9 +176,9 @@ def test_a_batched_frl_task_sends_its_positions_stacked_and_they_vote_as_one_by_
     sizes = backend.server.layout.segments
     assert [m.shape for m in chunk.messages] == [(6, packed_nbytes(n)) for n in sizes]
     server, initial = backend.server, backend.server.get_state().copy()
-    stats, state, slow = _fold(server, info, sent, initial, monkeypatch)
+    stats, state, slow = fold(server, info, sent, initial, monkeypatch)
     assert slow == 0  # checked, decoded and folded at once
-    one_by_one = _fold(server, info, chunk.updates(), initial, monkeypatch)
+    one_by_one = fold(server, info, chunk.updates(), initial, monkeypatch)
     assert one_by_one[2] == 6
     _same_round((stats, state), one_by_one[:2])
     assert stats.clients_done == 6 and stats.model_updated
@@ -248,14 +214,14 @@ def test_a_row_that_is_not_a_permutation_is_refused_with_its_own_line(frl_round,
         ("out of range", too_large, "layer 1 positions are not a permutation: has a value out"),
     ]:
         bad = _with_row(chunk, 2, row, layout)
-        stats, state, slow = _fold(server, info, [bad], initial, monkeypatch)
+        stats, state, slow = fold(server, info, [bad], initial, monkeypatch)
         assert slow == 6, what  # the chunk went one by one
-        _same_round((stats, state), _fold(server, info, bad.updates(), initial, monkeypatch)[:2])
+        _same_round((stats, state), fold(server, info, bad.updates(), initial, monkeypatch)[:2])
         assert stats.clients_rejected == 1 and stats.clients_done == 5, what
         assert line in stats.rejected[0], (what, stats.rejected)
     # a layer of the wrong width is a message the codec refuses: one by one, its own line
     short = dataclasses.replace(chunk, messages=(chunk.messages[0][:, :-1], *chunk.messages[1:]))
-    stats, _, slow = _fold(server, info, [short], initial, monkeypatch)
+    stats, _, slow = fold(server, info, [short], initial, monkeypatch)
     assert slow == 6 and stats.clients_rejected == 6
     assert "layer 0 has" in stats.rejected[0] and "bit-packed positions" in stats.rejected[0]
 

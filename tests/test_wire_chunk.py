@@ -34,13 +34,18 @@ SMALL = (
 
 def _round(digits_config, *overrides):
     """A local backend after one round's client training: (backend, info, task result)."""
+    return round_of(digits_config(*SMALL, *overrides))  # clients.batched: one chunk of six
+
+
+def round_of(cfg):
+    """A local backend of `cfg` after its first round's client training, as a task trains
+    them: (backend, info, the task's result)."""
     from raysim.assembly import plan_run
     from raysim.core.clients import train_clients
     from raysim.data.datasets import load_dataset
     from raysim.runtime.local import LocalBackend
     from raysim.seeds import sample_clients
 
-    cfg = digits_config(*SMALL, *overrides)  # clients.batched: one chunk of six clients
     dataset = load_dataset(cfg)
     plan = plan_run(cfg, dataset)
     backend = LocalBackend(plan.ctx, dataset, plan.split)
@@ -59,7 +64,7 @@ def _round(digits_config, *overrides):
     return backend, RoundInfo(0, ids), sent
 
 
-def _fold(server, info, updates, initial, monkeypatch):
+def fold(server, info, updates, initial, monkeypatch):
     """One round's end from `updates`; also how many updates went the one-by-one way."""
     one_by_one = []
     add_one = Server._add_one
@@ -93,9 +98,9 @@ def test_a_batched_dense_task_sends_one_chunk_folded_as_its_updates_one_by_one(
     assert isinstance(chunk, WireChunk) and chunk.num_clients == len(info.client_ids)
     assert chunk.client_ids.tolist() == info.client_ids.tolist()
     server, initial = backend.server, backend.server.get_state().copy()
-    stats, state, slow = _fold(server, info, sent, initial, monkeypatch)
+    stats, state, slow = fold(server, info, sent, initial, monkeypatch)
     assert slow == 0  # every row checked and folded at once
-    stats_one, state_one, slow_one = _fold(server, info, chunk.updates(), initial, monkeypatch)
+    stats_one, state_one, slow_one = fold(server, info, chunk.updates(), initial, monkeypatch)
     assert slow_one == len(info.client_ids)
     _same_round((stats, state), (stats_one, state_one))
     assert stats.clients_done == len(info.client_ids) and stats.model_updated
@@ -154,9 +159,9 @@ def test_a_bad_row_is_refused_with_its_own_line_and_the_others_fold(
         change = {"client_ids": int(chunk.client_ids[1])}
     bad = _row(chunk, 2, **change)
     server, initial = backend.server, backend.server.get_state().copy()
-    stats, state, slow = _fold(server, info, [bad], initial, monkeypatch)
+    stats, state, slow = fold(server, info, [bad], initial, monkeypatch)
     assert slow == bad.num_clients  # the whole chunk went one by one
-    one_by_one = _fold(server, info, bad.updates(), initial, monkeypatch)[:2]
+    one_by_one = fold(server, info, bad.updates(), initial, monkeypatch)[:2]
     _same_round((stats, state), one_by_one)
     assert stats.clients_rejected == 1 and len(stats.rejected) == 1
     assert reason in stats.rejected[0], stats.rejected
@@ -171,9 +176,9 @@ def test_a_finite_row_whose_norm_overflows_is_judged_alone_without_a_bound(
     backend, info, (chunk,) = _round(digits_config, "server.max_update_ratio=0")
     bad = _row(chunk, 1, messages=lambda row: row * 0 + 1e30)
     server, initial = backend.server, backend.server.get_state().copy()
-    stats, state, slow = _fold(server, info, [bad], initial, monkeypatch)
+    stats, state, slow = fold(server, info, [bad], initial, monkeypatch)
     assert slow == bad.num_clients and stats.clients_rejected == 0
-    _same_round((stats, state), _fold(server, info, bad.updates(), initial, monkeypatch)[:2])
+    _same_round((stats, state), fold(server, info, bad.updates(), initial, monkeypatch)[:2])
 
 
 def test_a_malformed_chunk_is_a_backend_bug_in_one_line(digits_config):
