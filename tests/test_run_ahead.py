@@ -173,6 +173,38 @@ def test_rounds_run_ahead_in_blocks_equal_the_local_backend(ray_session, tmp_pat
 
 
 @pytest.mark.ray
+def test_blocks_follow_a_simulated_time_schedule_as_the_local_backend(
+    ray_session, tmp_path, monkeypatch
+):
+    """With `devices:` (online clients drawn by the simulated clock, over-selection) a block's
+    rounds come from the run's schedule: the same clients, simulated records and state."""
+    sizes = _in_blocks_of(monkeypatch, 4)
+    devices = {
+        "profiles": "sampled",
+        "compute_sigma": 0.5,
+        "online_fraction": 0.8,
+        "over_selection": 0.5,
+    }
+
+    def config(backend: str):
+        raw = _config(backend, **LONGER).to_dict()
+        return config_module.from_dict({**raw, "devices": devices})
+
+    on_ray = run(config("ray"), tmp_path / "ray", progress=False, tensorboard=False)
+    local = run(config("local"), tmp_path / "local", progress=False, tensorboard=False)
+    assert sizes == [4, 4, 2]
+    lines = {
+        name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").open()]
+        for name in ("ray", "local")
+    }
+    assert all(r["sim"] for r in lines["ray"]) and on_ray.summary["sim"]
+    for key in ("round", "sim", "clients", "eval", "train_loss"):
+        assert [r.get(key) for r in lines["ray"]] == [r.get(key) for r in lines["local"]], key
+    assert on_ray.summary["sim"] == local.summary["sim"]
+    _assert_same_arrays(on_ray.state.arrays, local.state.arrays)
+
+
+@pytest.mark.ray
 def test_a_stop_in_the_middle_of_a_block_checkpoints_its_round_and_resumes_identically(
     ray_session, tmp_path, monkeypatch
 ):
