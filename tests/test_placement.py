@@ -198,3 +198,6 @@ def test_blocks_time_the_server_by_consecutive_fetches(monkeypatch):
     assert abs(backend._cost["server"] - 0.001) < 1e-12
     fetched(14, 15, 0.060)  # 3 ms a client
     assert abs(backend._cost["server"] - 0.002) < 1e-12 and backend._cost_round[True] == 15
+    backend._untimed_period()  # a checkpoint written between two fetches: not timed
+    fetched(16, 17, 1.0)
+    assert abs(backend._cost["server"] - 0.002) < 1e-12 and backend._cost_round[True] == 15

@@ -213,11 +213,10 @@ class ClientPlacement:
         return self.seconds_per_client is not None and self.seconds_per_client >= tasks_per_client
 
     def _untimed_period(self) -> None:
-        """The period from the last round's call to the next is not timed (the driver did
-        something else in it than wait for clients: a checkpoint). Blocks of rounds run ahead
-        are timed by their fetches, which a checkpoint between does not hold up (the actor
-        runs the queued block meanwhile), apart from any with an evaluation in it."""
+        """The period from the last round's call (or block fetch) to the next is not timed
+        (the driver did something else in it than wait for clients: a checkpoint)."""
         self._last_call = None
+        self._last_block = None
 
     def _record_round_time(self, round_index: int) -> None:
         """Time the round before this call (the period between two calls) for its place,
@@ -243,7 +242,8 @@ class ClientPlacement:
         """Time the server actor by the blocks of rounds it runs ahead (RayBackend): the
         period between the fetches of two consecutive blocks, per client of the later one
         (`infos`, rounds `first`..`last`), whole and without an evaluation (the caller's
-        check)."""
+        check), when nothing untimed came between (`_untimed_period`: a checkpoint, whose
+        writing holds up the driver's next fetch)."""
         now = time.perf_counter()
         previous, self._last_block = self._last_block, (last, now)
         if previous is None or previous[0] != first - 1:
