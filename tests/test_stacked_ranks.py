@@ -16,6 +16,7 @@ from raysim.core.aggregators import LinearAccumulator
 from raysim.core.codecs import Ranks, VectorLayout, not_a_permutation, rows_are_permutations
 from raysim.core.fixed_point import SumOverflowError
 from raysim.core.rankcodec import bits_for, pack, pack_rows, packed_nbytes, unpack, unpack_rows
+from raysim.core.server import Server
 from raysim.core.state import ClientUpdate, WireChunk, WireUpdate
 from raysim.core.wire_chunk import TaskMessages
 
@@ -297,11 +298,23 @@ def test_a_batched_frl_run_is_the_same_stacked_or_client_by_client(tmp_path, mon
         "run.eval_every=2",
     ]
     config = REPO_ROOT / "configs" / "frl_digits.yaml"
+    stacked_chunks: list[int] = []  # the chunks whose positions the server took at once
+    take_chunk = Server._add_chunk_at_once
+
+    def counted(self, chunk) -> bool:
+        taken = take_chunk(self, chunk)
+        if taken:
+            stacked_chunks.append(chunk.num_clients)
+        return taken
+
+    monkeypatch.setattr(Server, "_add_chunk_at_once", counted)
     stacked = run(
         config, tmp_path / "stacked", overrides=overrides, progress=False, tensorboard=False
     )
+    assert stacked_chunks == [8, 8]  # each round's eight clients went stacked
     monkeypatch.setattr(wire_chunk, "STACKING_CODECS", (wire_chunk.Dense,))
     alone = run(config, tmp_path / "alone", overrides=overrides, progress=False, tensorboard=False)
+    assert stacked_chunks == [8, 8]  # client by client: no chunk
     assert stacked.state.arrays.keys() == alone.state.arrays.keys()
     for key in stacked.state.arrays:
         assert np.array_equal(stacked.state.arrays[key], alone.state.arrays[key]), key

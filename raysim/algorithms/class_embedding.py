@@ -15,7 +15,6 @@ whole model. Embedding-bag rows are trained in a small table of the rows the cli
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -24,7 +23,7 @@ from torch import nn
 
 from raysim.algorithms.fedaws_bag_batched import bag_batching_problem, bag_chunk
 from raysim.algorithms.fedaws_reduce import TaskReducer, merge_reduced
-from raysim.algorithms.fedaws_wire import Broadcast, DenseDelta
+from raysim.algorithms.fedaws_wire import Broadcast, DenseDelta, PerPayload
 from raysim.config import MAX_LEARNING_RATE
 from raysim.core import server_optimizers
 from raysim.core.algorithm import RunContext
@@ -104,20 +103,18 @@ def rows_stay_on(device: torch.device) -> bool:
     return device.type != "cpu" or ROWS_AS_TENSORS_ON_CPU
 
 
-# (a weak reference to the payload, the host array's address and length, its copy on a device)
-_DEVICE_COPY: list = [None, None, None]
+# theta's dense part of the latest payload, on the clients' device
+_DEVICE_COPY = PerPayload()
 
 
 def _device_copy(payload, values: np.ndarray, device: torch.device) -> torch.Tensor:
     """`values` (theta's dense part, which every client of the payload starts from) as a
-    float32 tensor on `device`, copied once per payload: keyed by the payload object, not the
-    array, since FedAwS's server steps theta in place and every round's payload is new."""
-    held, key, copy = _DEVICE_COPY
-    address = (values.__array_interface__["data"][0], len(values), device)
-    if held is None or held() is not payload or key != address:
-        copy = torch.from_numpy(np.array(values, dtype=np.float32)).to(device)
-        _DEVICE_COPY[:] = [weakref.ref(payload), address, copy]
-    return copy
+    float32 tensor on `device`, copied once per payload (PerPayload: theta changes in place
+    between rounds)."""
+    key = (values.__array_interface__["data"][0], len(values), device)
+    return _DEVICE_COPY.get(
+        payload, key, lambda: torch.from_numpy(np.array(values, dtype=np.float32)).to(device)
+    )
 
 
 class ClassEmbeddingMethod(DescribedClient):

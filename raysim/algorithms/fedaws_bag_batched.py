@@ -57,6 +57,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from raysim.algorithms.fedaws_wire import PerPayload
 from raysim.core.client_step import ClientChunk, ClientStep, StartParts
 from raysim.models.embedding import XMLEmbeddingBag
 from raysim.models.layout import ModelLayout
@@ -140,21 +141,19 @@ def _rows_networks(model: XMLEmbeddingBag, layout: ModelLayout, width: int):
     return held[1].with_width(width), held[2].with_width(width), held[3]
 
 
-# a weak reference to the last payload, its layout, theta's dense part
-_DENSE: list = [None, None, None]
+# theta's dense part of the latest payload (and layout)
+_DENSE = PerPayload()
 
 
 def _dense_part(layout: ModelLayout, payload) -> np.ndarray:
-    """theta's dense part (float32), gathered once per payload: every client of a task starts
-    from the same payload, and the gather reads all of theta's dense part (8 MB at
-    Amazon-670K scale). Keyed by the payload object, not by theta: FedAwS's server steps theta
-    in place (raysim.algorithms.fedaws_fast), so the next round's theta is the same array with
-    new values, while every round's payload is a new object."""
-    held, held_layout, dense = _DENSE
-    if held is None or held() is not payload or held_layout is not layout:
-        dense = np.asarray(layout.theta_dense(payload.theta), dtype=np.float32)
-        _DENSE[:] = [weakref.ref(payload), layout, dense]
-    return dense
+    """theta's dense part (float32), gathered once per payload (PerPayload: theta changes in
+    place between rounds): every client of a task starts from the same payload, and the
+    gather reads all of theta's dense part (8 MB at Amazon-670K scale)."""
+    return _DENSE.get(
+        payload,
+        layout,
+        lambda: np.asarray(layout.theta_dense(payload.theta), dtype=np.float32),
+    )
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ touched), to which FedAwS adds `class` and `row` (its new class row) and the ora
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,26 @@ class Broadcast(WireSized):
 
     def wire_nbytes(self) -> int:
         return int(self.theta.nbytes) + (0 if self.classes is None else int(self.classes.nbytes))
+
+
+class PerPayload:
+    """One value derived from the latest payload, made again for another payload object or
+    another key. Keyed by the payload object, not its arrays: FedAwS's server steps theta in
+    place (raysim.algorithms.fedaws_fast), so the next round's theta is the same array with new
+    values, while every round's payload is a new object (held weakly: the cache never keeps a
+    round's payload alive)."""
+
+    def __init__(self) -> None:
+        self._payload: weakref.ref | None = None
+        self._key = None
+        self._value = None
+
+    def get(self, payload, key, make):
+        """The value for `payload` and `key` (compared with ==), `make()` when it is not held."""
+        if self._payload is None or self._payload() is not payload or self._key != key:
+            self._value = make()
+            self._payload, self._key = weakref.ref(payload), key
+        return self._value
 
 
 @dataclass(frozen=True)
