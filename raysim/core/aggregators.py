@@ -75,9 +75,10 @@ class LinearAccumulator:
         self.count += 1
 
     def add_rows(self, rows: np.ndarray, weights: Sequence[float]) -> None:
-        """`add` of each row of a 2-D float array with its weight, in order: the same float64
-        sum bit for bit (each row's weighted values are the same products, added one row
-        after another), with numpy's work done a block of rows at a time."""
+        """`add` of each row of a 2-D array with its weight, in order: for float rows the same
+        float64 sum bit for bit (each row's weighted values are the same products, added one
+        row after another), with numpy's work done a block of rows at a time; integer rows
+        (FRL's positions) in one exact int64 sum when it fits (`_add_integer_rows`)."""
         if len(rows) != len(weights):
             raise ValueError(f"{len(rows)} rows but {len(weights)} weights")
         if self._add_integer_rows(rows, weights):
