@@ -31,6 +31,24 @@ def digits_config() -> Callable[..., object]:
     return load
 
 
+@pytest.fixture(autouse=True)
+def _seed_global_generators():
+    """Every test starts from the same global torch / numpy / random state, whichever tests
+    its worker ran before it (pytest-xdist hands files out in no fixed order), so a test that
+    draws without a seed of its own draws the same numbers in every run. RAYSIM_TEST_SEED
+    picks another state: running the suite under a few of them finds a test whose check holds
+    only for lucky draws."""
+    import random
+
+    import numpy as np
+    import torch
+
+    seed = int(os.environ.get("RAYSIM_TEST_SEED", "0"))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 _FORKED_CLI = ForkedCli()  # one fork server for the session (tests/cli_forks.py)
 
 
