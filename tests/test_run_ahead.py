@@ -259,3 +259,35 @@ def test_a_blocks_rounds_share_its_wait_in_the_round_times():
         tally.add({"round": 1, "wall_s": wall}, RoundStats(rounds_in_call=call))
     summary = tally.summary(rounds=6, resumed_from=None, wall_s=1.0, server_restarts=0)
     assert summary["median_round_s"] == pytest.approx(0.0403 / 4)  # not the block's 0.0001
+
+
+def test_the_warm_up_pays_the_batching_check_ahead_and_never_raises(ray_session):
+    """The server actor runs warm_up_training on a thread at its start (small rounds may move
+    into it): afterwards the clients' model has its batching probe's answer cached, so the first
+    round trained there does not pay the process's first vmapped call. A bundle it cannot use
+    raises nothing there (the round that trains reports the problem)."""
+    import ray
+
+    from raysim.assembly import plan_run
+    from raysim.core import batched_training
+    from raysim.core.server import build_algorithm
+    from raysim.data.datasets import load_dataset
+    from raysim.models.devices import client_device
+    from raysim.models.vector import cached_model
+    from raysim.runtime import ray_tasks
+
+    raw = {**_config("ray").to_dict()}
+    raw["clients"] = {**raw["clients"], "batched": True}
+    config = config_module.from_dict(raw)
+    dataset = load_dataset(config)
+    plan = plan_run(config, dataset)
+    bundle = ray_tasks.put_run_bundle(
+        plan.ctx, build_algorithm(plan.ctx), ray.put(dataset.train_x), dataset, plan.split
+    )
+    ctx = ray_tasks.run_bundle(bundle)[0]
+    model = cached_model(ctx, client_device(ctx))
+    batched_training._PROBLEMS.pop(model, None)  # (an earlier test may have probed it)
+    ray_tasks.warm_up_training(bundle)
+    assert batched_training._PROBLEMS.get(model, False) is None  # probed: no problem
+
+    assert ray_tasks.warm_up_training(ray.put("not a run bundle")) is None

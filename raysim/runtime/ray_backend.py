@@ -158,6 +158,10 @@ class RayBackend(ClientPlacement):
         self._kill_server_at = int(kill_at) if kill_at else None
         clients = ctx.config.clients
         self._init_placement(client_slots(clients.num_cpus), gpu_slots(clients))
+        if clients.batched and self._server_eligible():
+            # small rounds may move into the server actor: it pays its first vmapped call's
+            # start while the first rounds train in tasks (a call that returns at once)
+            self.server.actor.warm_up_clients.remote()
         # Rounds queued ahead in the server actor (blocks, in order), whether rounds may run
         # ahead (None: not asked yet), the state's bytes, the rounds the loop has been handed.
         self._round_schedule = rounds

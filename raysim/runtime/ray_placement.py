@@ -124,7 +124,9 @@ class ClientPlacement:
     # Rounds a place trains before it is timed. Two: a process's first batched call pays
     # torch.func's start (1.5-2 s) and its second is still slow (batched "many" digits rounds
     # in the server actor: 1.77 s, 0.089 s, then 0.03 s); timed on the second, the server
-    # looked 3x slower than the tasks and was not tried again for REPROBE_EVERY rounds.
+    # looked 3x slower than the tasks and was not tried again for REPROBE_EVERY rounds. (The
+    # server actor now pays that start ahead, ServerActor.warm_up_clients, when it is done in
+    # time; the second round's slowness stays.)
     SETTLE_ROUNDS = 2
 
     def _server_eligible(self) -> bool:

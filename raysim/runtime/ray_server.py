@@ -29,7 +29,12 @@ from raysim.runtime.allocator import tune_malloc
 from raysim.runtime.ray_errors import one_line_error
 from raysim.runtime.ray_metrics import RoundMetrics
 from raysim.runtime.ray_round import RoundTasks
-from raysim.runtime.ray_tasks import _client_task, _timed_client_task, train_with_bundle
+from raysim.runtime.ray_tasks import (
+    _client_task,
+    _timed_client_task,
+    train_with_bundle,
+    warm_up_training,
+)
 
 # Payloads up to Ray's default inline size (100 KiB) go inside the task spec by value, which is
 # cheaper than a put (~1 ms here); larger ones are put in the object store once per round.
@@ -105,11 +110,28 @@ class ServerActor:
         # get_state(as_of): dropped once the driver has taken their rounds.
         self._kept: dict[int, ServerState] = {}
         self._trainer: ThreadPoolExecutor | None = None
+        self._warming: Future | None = None  # warm_up_clients' work, until it is waited for
         self.metrics = RoundMetrics(ctx.config.run.name)  # Ray dashboard: rounds, updates, bytes
         self.nodes: Counter[str] = Counter()  # client tasks per node id
         self.clients_here = 0  # client updates trained in this actor (no task)
         # A client failed in this actor: no later round queued ahead trains here.
         self.clients_failed_here = False
+
+    def warm_up_clients(self) -> None:
+        """Start, on the trainer thread, what the first round trained in this actor would pay
+        before its clients train (raysim.runtime.ray_tasks.warm_up_training): the driver asks
+        for it when small rounds may move here, and the first rounds train in tasks
+        meanwhile. Returns at once."""
+        if self._trainer is None:
+            self._trainer = ThreadPoolExecutor(1, thread_name_prefix="raysim-clients")
+        self._warming = self._trainer.submit(warm_up_training, self.run_ref[0])
+
+    def _warmed_up(self) -> None:
+        """Wait for warm_up_clients' work, if any is under way: it reads the clients' model,
+        which training here and the evaluation (eval mode, new weights) also use."""
+        if self._warming is not None:
+            self._warming.result()
+            self._warming = None
 
     def _publish_payload(self) -> None:
         payload = self.server.payload()
@@ -177,6 +199,8 @@ class ServerActor:
     ) -> RoundStats:
         """The server's end of the round, its timings, the dashboard's metrics, and the payload
         the next round's clients get."""
+        if evaluate:
+            self._warmed_up()
         stats = self.server.finish_round(evaluate)
         stats.clients_s = clients_s
         stats.client_compute_s = compute_s
@@ -203,6 +227,7 @@ class ServerActor:
         exists (their inputs are final then), so they train while this call returns and the
         driver logs: the actor's counterpart of dispatching the next round's tasks early."""
         prefetched, self._prefetched_here = self._prefetched_here, None
+        self._warmed_up()
         self.server.start_round(info)
         try:
             if prefetched is not None and prefetched[0] == info.round_index:

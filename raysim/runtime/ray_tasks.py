@@ -132,6 +132,24 @@ def _timed_client_task(
     yield updates, seconds, ray.get_runtime_context().get_node_id()
 
 
+def warm_up_training(run_ref: ray.ObjectRef) -> None:
+    """What this process's first batched round would pay before its first client trains,
+    paid now: the run's bundle and the algorithm's batching check, whose probe is this
+    process's first vmapped call (~1 s of torch.func's start on a CPU). The server actor runs
+    it on a thread while the first rounds train in tasks, so that moving small rounds into it
+    does not stall one round by that second. Nothing it finds is kept but caches: a problem it
+    meets is met again, and reported, by the round that trains."""
+    from raysim.core.algorithm import AlgorithmHooks
+    from raysim.core.batched_training import batching_refusal
+
+    try:
+        ctx, algorithm, *_ = run_bundle(run_ref)
+        if ctx.config.clients.batched:
+            batching_refusal(ctx, AlgorithmHooks.of(algorithm))
+    except Exception:  # noqa: BLE001, S110 - see the docstring: the round reports it
+        pass
+
+
 def train_with_bundle(
     run_ref, payload, round_index: int, client_ids, personal, attempts=None, hard_exits=False
 ) -> tuple[list, float]:
