@@ -155,9 +155,30 @@ def test_rounds_run_ahead_in_blocks_equal_the_local_backend(ray_session, tmp_pat
     checkpoint every round (the rounds' states kept in the actor until the driver takes them):
     every record, checkpoint and the final state as on the local backend."""
     sizes = _in_blocks_of(monkeypatch, 4)
+    # where each block was queued: while the driver asked for a checkpoint's state or not
+    queued_for_checkpoint: list[bool] = []
+    in_get_state = [False]
+    get_state, queue_block = RayBackend.get_state, RayBackend._queue_block
+
+    def asking(self):
+        in_get_state[0] = True
+        try:
+            return get_state(self)
+        finally:
+            in_get_state[0] = False
+
+    def queued(self, first) -> None:
+        queue_block(self, first)
+        queued_for_checkpoint.append(in_get_state[0])
+
+    monkeypatch.setattr(RayBackend, "get_state", asking)
+    monkeypatch.setattr(RayBackend, "_queue_block", queued)
     on_ray = run(_config("ray", **LONGER), tmp_path / "ray", progress=False, tensorboard=False)
     local = run(_config("local", **LONGER), tmp_path / "local", progress=False, tensorboard=False)
     assert sizes == [4, 4, 2]  # rounds 2-5, 6-9 and 10-11 (1-based) ahead
+    # the second and third behind the checkpoints' state calls of rounds 1 and 2 (the actor
+    # trains while the driver writes), never more than two blocks unfetched
+    assert queued_for_checkpoint == [False, True, True]
     assert on_ray.summary["placement"]["clients_in_server_actor"] == 10 * 4
     records = _records(tmp_path / "ray")
     assert records == _records(tmp_path / "local")
@@ -223,7 +244,9 @@ def test_a_stop_in_the_middle_of_a_block_checkpoints_its_round_and_resumes_ident
     settings = {**LONGER, "checkpoint_every": 0}
     with pytest.raises(interrupts.Terminated):
         run(_config("ray", **settings), stopped, progress=False, tensorboard=False)
-    assert sizes == [4, 4]  # rounds 2-5 and 6-9 (1-based) were queued when it stopped
+    # rounds 2-5 and 6-9 (1-based) were queued when it stopped, 10-11 behind the stop's state
+    # call (a checkpoint's: the actor trains them for nothing while the driver writes)
+    assert sizes == [4, 4, 2]
     (checkpoint,) = checkpoint_paths(stopped / "checkpoints")
     state, _ = load_checkpoint(checkpoint)
     assert state.round == 5
