@@ -61,16 +61,24 @@ def round_record(
 
 
 def spread_over_calls(seconds: list[float], rounds_in_call: list[int]) -> list[float]:
-    """Rounds' seconds as the driver measured them (`seconds`, one a round, in order), each
-    backend call's seconds shared equally by the rounds it brought back (`rounds_in_call`, one
-    a round: a block of K rounds run ahead is K rounds in a row marked K, the first of which
-    waited for them all). A block cut short (a stopped run) shares over the rounds there."""
+    """Rounds' seconds as the driver measured them (`seconds`, one a round, in order), the
+    seconds of backend calls that brought back several rounds shared equally by those rounds
+    (`rounds_in_call`, one a round: a block of K rounds run ahead is K rounds in a row marked K,
+    the first of which waited for them all). Blocks that follow one another are shared as one:
+    they run back to back in the server actor while the driver logs, so which block's wait a
+    stretch of their time falls in says nothing (one queued behind a checkpoint may be done
+    before the driver asks for it, and looks free while the one before it looks slow). A
+    block cut short (a stopped run) shares over the rounds there."""
     spread: list[float] = []
     position = 0
     while position < len(seconds):
-        group = seconds[position : position + max(1, int(rounds_in_call[position]))]
+        end = position + 1
+        if int(rounds_in_call[position]) > 1:
+            while end < len(seconds) and int(rounds_in_call[end]) > 1:
+                end += 1
+        group = seconds[position:end]
         spread += [sum(group) / len(group)] * len(group)
-        position += len(group)
+        position = end
     return spread
 
 
