@@ -185,10 +185,10 @@ def test_blocks_time_the_server_by_consecutive_fetches(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(ray_placement.time, "perf_counter", lambda: clock[0])
 
-    def fetched(first: int, last: int, seconds: float) -> None:
+    def fetched(first: int, last: int, seconds: float, timed: bool = True) -> None:
         clock[0] += seconds
         infos = [RoundInfo(r, np.arange(10)) for r in range(first, last + 1)]
-        backend._record_block_time(first, last, infos)
+        backend._record_block_time(first, last, infos, timed)
 
     fetched(2, 5, 1.0)  # the first block: nothing to time it from
     assert backend._cost["server"] is None
@@ -201,3 +201,9 @@ def test_blocks_time_the_server_by_consecutive_fetches(monkeypatch):
     backend._untimed_period()  # a checkpoint written between two fetches: not timed
     fetched(16, 17, 1.0)
     assert abs(backend._cost["server"] - 0.002) < 1e-12 and backend._cost_round[True] == 15
+    # a block that ran while the driver wrote a checkpoint (queued behind its state call):
+    # done before it was asked for, so not timed, but the next block is timed from its fetch
+    fetched(18, 19, 0.001, timed=False)
+    assert abs(backend._cost["server"] - 0.002) < 1e-12 and backend._cost_round[True] == 15
+    fetched(20, 21, 0.020)  # 1 ms a client
+    assert abs(backend._cost["server"] - 0.0015) < 1e-12 and backend._cost_round[True] == 21

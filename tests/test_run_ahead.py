@@ -162,10 +162,13 @@ def test_rounds_run_ahead_in_blocks_equal_the_local_backend(ray_session, tmp_pat
 
     def asking(self):
         in_get_state[0] = True
+        queued_before = len(queued_for_checkpoint)
         try:
             return get_state(self)
         finally:
             in_get_state[0] = False
+            if len(queued_for_checkpoint) > queued_before:  # it ran while the driver wrote:
+                assert self._blocks[-1].timed is False  # not a measure of its rounds' time
 
     def queued(self, first) -> None:
         queue_block(self, first)

@@ -74,6 +74,9 @@ class RoundsAhead:
     evaluates: list[bool]
     call: ray.ObjectRef
     stats: list[RoundStats] | None = None
+    # False for a block queued behind a checkpoint's state call: it runs while the driver
+    # writes, so the wait for it says nothing of its rounds' time (ClientPlacement)
+    timed: bool = True
 
     @property
     def first(self) -> int:
@@ -219,7 +222,7 @@ class RayBackend(ClientPlacement):
             self._kill_if_asked(info.round_index)
             block.stats = self._get(block.call)
             if len(block.stats) == len(block.infos) and not any(block.evaluates):
-                self._record_block_time(block.first, block.last, block.infos)
+                self._record_block_time(block.first, block.last, block.infos, block.timed)
         position = info.round_index - block.first
         if position >= len(block.stats):
             # The block stopped before this round: the state was elsewhere than at the
@@ -344,7 +347,10 @@ class RayBackend(ClientPlacement):
         # most two blocks wait unfetched, as between checkpoints: a checkpoint every round
         # queues no more.)
         if self._blocks and sum(block.stats is None for block in self._blocks) <= 1:
+            queued = len(self._blocks)
             self._queue_after(self._blocks[-1], None)
+            if len(self._blocks) > queued:
+                self._blocks[-1].timed = False
         return client_state.with_store(self._get(call), self.ctx)
 
     def set_state(self, state: ServerState) -> None:

@@ -240,15 +240,18 @@ class ClientPlacement:
         )
         self._cost_round[place] = round_index - 1
 
-    def _record_block_time(self, first: int, last: int, infos: list[RoundInfo]) -> None:
+    def _record_block_time(
+        self, first: int, last: int, infos: list[RoundInfo], timed: bool = True
+    ) -> None:
         """Time the server actor by the blocks of rounds it runs ahead (RayBackend): the
         period between the fetches of two consecutive blocks, per client of the later one
         (`infos`, rounds `first`..`last`), whole and without an evaluation (the caller's
         check), when nothing untimed came between (`_untimed_period`: a checkpoint, whose
-        writing holds up the driver's next fetch)."""
+        writing holds up the driver's next fetch). A block that is not `timed` (it ran while
+        the driver wrote a checkpoint) is only the start of the next period."""
         now = time.perf_counter()
         previous, self._last_block = self._last_block, (last, now)
-        if previous is None or previous[0] != first - 1:
+        if previous is None or previous[0] != first - 1 or not timed:
             return
         clients = sum(len(info.trained_ids) for info in infos)
         per_client = (now - previous[1]) / max(1, clients)
