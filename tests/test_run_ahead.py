@@ -138,9 +138,10 @@ def _in_blocks_of(monkeypatch, size: int) -> list[int]:
     sizes: list[int] = []
     original = RayBackend._queue_block
 
-    def counted(self, first) -> None:
-        original(self, first)
-        sizes.append(len(self._blocks[-1].infos))
+    def counted(self, first):
+        block = original(self, first)
+        sizes.append(len(block.infos))
+        return block
 
     monkeypatch.setattr(RayBackend, "_queue_block", counted)
     return sizes
@@ -170,9 +171,10 @@ def test_rounds_run_ahead_in_blocks_equal_the_local_backend(ray_session, tmp_pat
             if len(queued_for_checkpoint) > queued_before:  # it ran while the driver wrote:
                 assert self._blocks[-1].timed is False  # not a measure of its rounds' time
 
-    def queued(self, first) -> None:
-        queue_block(self, first)
+    def queued(self, first):
+        block = queue_block(self, first)
         queued_for_checkpoint.append(in_get_state[0])
+        return block
 
     monkeypatch.setattr(RayBackend, "get_state", asking)
     monkeypatch.setattr(RayBackend, "_queue_block", queued)

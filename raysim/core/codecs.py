@@ -274,6 +274,16 @@ def top_k(vector: np.ndarray, k: int) -> dict[str, np.ndarray]:
     return {"values": vector[indices].astype(np.float32), "indices": indices}
 
 
+def _layers(message, layout: VectorLayout) -> list[tuple[Any, int]]:
+    """(a ranks message's layer, its entries) pairs; ValueError when the layer count is not
+    the supernet's."""
+    if len(message) != len(layout.segments):
+        raise ValueError(
+            f"message has {len(message)} layers, the supernet has {len(layout.segments)}"
+        )
+    return list(zip(message, layout.segments, strict=True))
+
+
 class Ranks(Codec):
     """Rank positions, one bit-packed array per layer (ceil(log2 n) bits an entry); the layout's
     segments are the layers. Decodes to one int64 vector; each layer must be a permutation."""
@@ -290,38 +300,25 @@ class Ranks(Codec):
 
     def encode_rows(self, rows: np.ndarray, layout: VectorLayout) -> tuple[np.ndarray, ...]:
         """Each layer's packed positions of every row, one uint8 array [rows, bytes] a layer."""
-        bounds = np.cumsum((0, *layout.segments))
         return tuple(
-            pack_rows(rows[:, a:b], n)
-            for a, b, n in zip(bounds[:-1], bounds[1:], layout.segments, strict=True)
+            pack_rows(piece, n)
+            for piece, n in zip(layout.pieces(rows), layout.segments, strict=True)
         )
 
     def decode_rows(self, stacked: tuple[np.ndarray, ...], layout: VectorLayout) -> np.ndarray:
-        if len(stacked) != len(layout.segments):
-            raise ValueError(
-                f"message has {len(stacked)} layers, the supernet has {len(layout.segments)}"
-            )
         return np.concatenate(
-            [unpack_rows(packed, n, n) for packed, n in zip(stacked, layout.segments, strict=True)],
-            axis=1,
+            [unpack_rows(packed, n, n) for packed, n in _layers(stacked, layout)], axis=1
         )
 
     def rows_pass_decoded(self, rows: np.ndarray, layout: VectorLayout) -> bool:
         """Every row's every layer a permutation (`check_decoded` of each row, at once)."""
-        bounds = np.cumsum((0, *layout.segments))
-        for a, b, n in zip(bounds[:-1], bounds[1:], layout.segments, strict=True):
-            if not rows_are_permutations(rows[:, a:b], n):
-                return False
-        return True
+        return all(
+            rows_are_permutations(piece, n)
+            for piece, n in zip(layout.pieces(rows), layout.segments, strict=True)
+        )
 
     def decode(self, message: list[np.ndarray], layout: VectorLayout) -> np.ndarray:
-        if len(message) != len(layout.segments):
-            raise ValueError(
-                f"message has {len(message)} layers, the supernet has {len(layout.segments)}"
-            )
-        return np.concatenate(
-            [unpack(packed, n, n) for packed, n in zip(message, layout.segments, strict=True)]
-        )
+        return np.concatenate([unpack(packed, n, n) for packed, n in _layers(message, layout)])
 
     def check(self, message: Any, layout: VectorLayout) -> str | None:
         if not isinstance(message, list | tuple):

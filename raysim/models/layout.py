@@ -25,9 +25,10 @@ class VectorLayout:
     segments: tuple[int, ...] = ()  # sizes of consecutive pieces (tensors, layers); sum = size
 
     def pieces(self, vector: np.ndarray) -> list[np.ndarray]:
-        """`vector` cut into its segments (views)."""
+        """`vector` cut into its segments (views); of a 2-D array of vectors, one per row,
+        each segment's columns."""
         bounds = np.cumsum((0, *self.segments))
-        return [vector[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return [vector[..., a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 class ModelLayout:

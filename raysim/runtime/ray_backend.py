@@ -242,24 +242,23 @@ class RayBackend(ClientPlacement):
         stats.rounds_in_call = len(block.stats)  # (the driver waited for them all at once)
         return stats
 
-    def _queue_after(self, block: RoundsAhead, next_info: RoundInfo | None) -> None:
+    def _queue_after(self, block: RoundsAhead, next_info: RoundInfo | None) -> RoundsAhead | None:
         """Queue the block that follows `block`, when its first round trains in the server
         actor (its info from the run's schedule; without one, the loop's `next_info` when
-        that is the round: single-round blocks)."""
+        that is the round: single-round blocks); returns it (None: none queued)."""
         following = block.last + 1
         if following >= self.ctx.config.run.rounds or not self._runs_ahead():
-            return
+            return None
         if next_info is not None and next_info.round_index == following:
             upcoming = next_info
         elif self._round_schedule is not None:
             upcoming = self._round_schedule.info(following)
         else:
-            return
+            return None
         self._clients_of[following] = len(upcoming.trained_ids)
-        if self.trains_in_server(following):
-            self._queue_block(upcoming)
+        return self._queue_block(upcoming) if self.trains_in_server(following) else None
 
-    def _queue_block(self, first: RoundInfo) -> None:
+    def _queue_block(self, first: RoundInfo) -> RoundsAhead:
         """Queue rounds from `first` on in the server actor as one call (run_rounds_ahead):
         as many as BLOCK_SECONDS of them at the measured time a round takes there (at least
         one; fewer while the state's copies, one a round, would pass BLOCK_STATE_BYTES), each
@@ -283,6 +282,7 @@ class RayBackend(ClientPlacement):
         keep_from = first.round_index if self._rounds_done is None else self._rounds_done
         call = self.server.actor.run_rounds_ahead.remote(infos, evaluates, keep_from)
         self._blocks.append(RoundsAhead(infos, evaluates, call))
+        return self._blocks[-1]
 
     def _block_size(self, first: RoundInfo) -> int:
         """Rounds a block holds: BLOCK_SECONDS of them at the server actor's measured time a
@@ -347,10 +347,9 @@ class RayBackend(ClientPlacement):
         # most two blocks wait unfetched, as between checkpoints: a checkpoint every round
         # queues no more.)
         if self._blocks and sum(block.stats is None for block in self._blocks) <= 1:
-            queued = len(self._blocks)
-            self._queue_after(self._blocks[-1], None)
-            if len(self._blocks) > queued:
-                self._blocks[-1].timed = False
+            queued = self._queue_after(self._blocks[-1], None)
+            if queued is not None:
+                queued.timed = False
         return client_state.with_store(self._get(call), self.ctx)
 
     def set_state(self, state: ServerState) -> None:
