@@ -143,15 +143,26 @@ def model_init_seed(seed: int) -> int:
     return _torch_seed(seed, _MODEL_INIT)
 
 
-def attacker_pool(
-    seed: int, round_index: int, malicious_below: int, pool_size: int, sampled: np.ndarray
+def attacker_pool_draw(
+    seed: int, round_index: int, malicious_below: int, pool_size: int
 ) -> np.ndarray:
-    """Malicious clients the attacker trains this round besides its sampled ones (ascending)."""
+    """The attacker's pool of the round: min(pool_size, malicious_below) malicious clients
+    drawn without replacement (ascending), sampled this round or not (the FRL reference code's
+    `np.random.choice(n_attackers, min(n_attackers, rand_mal_clients), replace=False)`)."""
     if pool_size <= 0 or malicious_below <= 0:
         return np.zeros(0, dtype=np.int64)
     rng = np.random.default_rng(np.random.SeedSequence([seed, _POOL, round_index]))
     pool = rng.choice(malicious_below, size=min(pool_size, malicious_below), replace=False)
-    return np.setdiff1d(pool.astype(np.int64), sampled)
+    return np.sort(pool.astype(np.int64))
+
+
+def attacker_pool(
+    seed: int, round_index: int, malicious_below: int, pool_size: int, sampled: np.ndarray
+) -> np.ndarray:
+    """Malicious clients the attacker trains this round besides its sampled ones (ascending):
+    the pool's draw less the round's sampled clients (who train anyway)."""
+    draw = attacker_pool_draw(seed, round_index, malicious_below, pool_size)
+    return np.setdiff1d(draw, sampled)
 
 
 _POOL = 6

@@ -333,3 +333,124 @@ def test_attacker_pool_informs_the_attack_but_is_never_aggregated_or_counted():
             == (4 * 10 * 9610 * 4 if key != "clients_done" else 40)
         )
     assert with_pool.state.arrays["params"].tobytes() == without.state.arrays["params"].tobytes()
+
+
+# --- attack.benign_set: whose honest updates a pool-informed attack averages -------------------
+
+
+def _collusion_round(benign_set: str):
+    """A round of a 40-client run, 30% malicious (ids < 12), pool of 5: the round's info and
+    the Collusion holding every sampled malicious client's and pool client's honest update
+    (the update of client c is the constant vector c)."""
+    from raysim.core.round_fold import Collusion
+    from raysim.core.schedule.sampling import round_info
+    from raysim.core.state import Contribution
+
+    cfg = config.load(
+        CONFIGS / "fedavg_digits.yaml",
+        [
+            "partition.num_clients=40",
+            "clients.per_round=10",
+            "attack.name=agr_tailored",
+            "aggregator.name=trimmed_mean",
+            "attack.fraction=0.3",
+            "attack.pool_size=5",
+            f"attack.benign_set={benign_set}",
+        ],
+    )
+    for round_index in range(50):  # a round whose sampled malicious clients meet the pool
+        info = round_info(cfg, 40, 10, round_index)
+        sampled_bad = info.client_ids[: info.num_malicious]
+        draw = np.union1d(info.attacker_pool, np.intersect1d(sampled_bad, np.arange(12)))
+        if benign_set == "pool":
+            draw = info.attacker_benign
+        if len(np.intersect1d(sampled_bad, draw)) and len(np.setdiff1d(sampled_bad, draw)):
+            break
+    collusion = Collusion(info)
+    for client in sampled_bad.tolist():
+        collusion.malicious.append(Contribution(client, np.full(3, float(client)), 10, {}))
+    for client in info.attacker_pool.tolist():
+        collusion.learn(client, np.full(3, float(client)))
+    return info, collusion, sampled_bad
+
+
+def test_the_default_benign_set_is_the_sampled_malicious_clients_and_the_pool():
+    info, collusion, sampled_bad = _collusion_round("sampled_and_pool")
+    assert info.attacker_benign is None
+    honest, start = collusion.honest_updates()
+    assert start == 0
+    assert [v[0] for v in honest] == [*sampled_bad.tolist(), *info.attacker_pool.tolist()]
+
+
+def test_the_pool_benign_set_is_the_pools_whole_draw_sampled_members_included():
+    """The FRL reference code's set: the pool's draw (min(pool_size, #malicious) of the
+    malicious ids, sampled this round or not) and nothing else; the attack reads it after the
+    own updates, which the attacks that change their own update still find first."""
+    from raysim.seeds import attacker_pool_draw
+
+    info, collusion, sampled_bad = _collusion_round("pool")
+    draw = attacker_pool_draw(0, info.round_index, 12, 5)
+    assert np.array_equal(info.attacker_benign, draw) and len(draw) == 5
+    # the pool trains only its members the round did not sample (those train anyway)
+    assert np.array_equal(info.attacker_pool, np.setdiff1d(draw, info.client_ids))
+    honest, start = collusion.honest_updates()
+    assert start == len(sampled_bad)
+    assert [v[0] for v in honest[:start]] == sampled_bad.tolist()
+    assert [v[0] for v in honest[start:]] == draw.tolist()  # sorted, each member once
+    outside = np.setdiff1d(sampled_bad, draw)
+    assert len(outside) and not set(outside.tolist()) & {v[0] for v in honest[start:]}
+
+
+def test_attacks_average_only_the_benign_set_they_are_given(ctx):
+    """frl_reversal and agr_tailored read honest[info.benign_start:]: the same crafted update
+    as from that slice alone."""
+    import dataclasses
+
+    info = _info(10, 2)
+    own = [np.array([9.0, -9.0, 9.0]), np.array([7.0, 7.0, -7.0])]
+    pool = [np.array([1.0, 2.0, 3.0]), np.array([1.5, 1.0, 2.0]), np.array([0.5, 3.0, 1.0])]
+    given = dataclasses.replace(info, benign_start=2)
+    attack = AGRTailored()
+    trimmed = TrimmedMean(beta=None)
+    expected = attack.craft(pool, info, trimmed, None, ctx)
+    assert np.array_equal(attack.craft(own + pool, given, trimmed, None, ctx)[0], expected[0])
+    assert not np.array_equal(attack.craft(own + pool, info, trimmed, None, ctx)[0], expected[0])
+
+    class Layers:
+        @staticmethod
+        def layer_sizes(ctx):
+            return [3]
+
+    positions = [np.array([0, 1, 2]), np.array([2, 1, 0])]
+    pool_positions = [np.array([1, 0, 2]), np.array([1, 2, 0]), np.array([0, 1, 2])]
+    reversal = FRLReversal().craft(positions + pool_positions, given, None, Layers, ctx)
+    assert np.array_equal(reversal[0], reversed_positions(pool_positions, [3]))
+    assert len(reversal) == info.num_malicious
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "says"),
+    [
+        (("attack.benign_set=everyone",), "attack.benign_set", "'sampled_and_pool' or 'pool'"),
+        (("attack.benign_set=pool", "attack.pool_size=0"), "attack.pool_size", "> 0 with"),
+    ],
+)
+def test_a_bad_benign_set_is_one_line_naming_the_key(overrides, key, says):
+    with pytest.raises(ConfigError) as caught:
+        config.load(
+            CONFIGS / "fedavg_trimmed_mean_digits.yaml",
+            ["attack.name=agr_tailored", "attack.fraction=0.2", *overrides],
+        )
+    message = str(caught.value)
+    assert "\n" not in message and key in message and says in message
+
+
+def test_the_reference_configs_use_the_reference_codes_rules():
+    """configs/reference: FRL masks by |score| with torch's default weights; every attack that
+    averages benign updates reads the 25-client pool alone (the FRL reference code)."""
+    frl = config.load(CONFIGS / "reference" / "frl_fmnist.yaml")
+    assert frl.algorithm.options["mask_by_abs"] is True
+    assert frl.algorithm.options["weight_init"] == "torch_default"
+    for name in ("frl", "trimmed_mean", "multi_krum"):
+        cfg = config.load(CONFIGS / "reference" / f"{name}_fmnist.yaml")
+        assert (cfg.attack.benign_set, cfg.attack.pool_size) == ("pool", 25), name

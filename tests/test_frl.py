@@ -65,16 +65,13 @@ def _supernet_digest(model: nn.Module) -> str:
 # --- the supermask layer -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mask_by_abs", [False, True])
-def test_straight_through_gradient_equals_the_gradient_of_the_mask(mask_by_abs):
-    """d loss / d scores = d loss / d m, with m the top-k mask and the forward using w * m."""
+def test_straight_through_gradient_equals_the_gradient_of_the_mask():
+    """Signed rule: d loss / d scores = d loss / d m, with m the top-k mask and the forward
+    using w * m."""
     torch.manual_seed(0)
     layers = [
-        (SupermaskLinear(6, 4, k=0.5, mask_by_abs=mask_by_abs), torch.randn(5, 6)),
-        (
-            SupermaskConv2d(2, 3, 3, padding=1, k=0.3, mask_by_abs=mask_by_abs),
-            torch.randn(2, 2, 5, 5),
-        ),
+        (SupermaskLinear(6, 4, k=0.5), torch.randn(5, 6)),
+        (SupermaskConv2d(2, 3, 3, padding=1, k=0.3), torch.randn(2, 2, 5, 5)),
     ]
     for layer, x in layers:
         with torch.no_grad():
@@ -83,7 +80,7 @@ def test_straight_through_gradient_equals_the_gradient_of_the_mask(mask_by_abs):
         target = torch.randn_like(layer(x))
         (layer(x) * target).sum().backward()
         # By hand: the same forward with the mask as a leaf tensor, w * m explicitly.
-        mask = top_k_mask(layer.scores, layer.k, mask_by_abs).requires_grad_()
+        mask = top_k_mask(layer.scores, layer.k).requires_grad_()
         weight = layer.weight * mask
         if isinstance(layer, SupermaskLinear):
             out = nn.functional.linear(x, weight)
@@ -93,6 +90,71 @@ def test_straight_through_gradient_equals_the_gradient_of_the_mask(mask_by_abs):
         assert layer.weight.grad is None  # weights are fixed buffers, never trained
         assert torch.equal(layer.scores.grad, mask.grad)
         assert mask.grad.abs().sum() > 0
+
+
+class _ReferenceSubnet(torch.autograd.Function):
+    """Written from the FRL reference code's description (`models/module_util.py`
+    GetSubnet): sort the key, zero the lowest int((1 - k) n), one for the rest; the backward
+    returns g unchanged. The reference calls it on `scores.abs()` (`models/modules.py`), so
+    autograd then multiplies by d|s| / ds. Nothing of raysim's mask is used here."""
+
+    @staticmethod
+    def forward(ctx, key, k):
+        out = torch.empty_like(key)
+        order = key.flatten().sort(stable=True).indices
+        dropped = int((1 - k) * key.numel())
+        flat = out.view(-1)
+        flat[order[:dropped]] = 0
+        flat[order[dropped:]] = 1
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def _reference_output(layer, x, scores):
+    """The reference forward of a supermask layer with `scores` (a leaf), by |s|."""
+    weight = layer.weight * _ReferenceSubnet.apply(scores.abs(), layer.k)
+    if isinstance(layer, SupermaskLinear):
+        return nn.functional.linear(x, weight)
+    return nn.functional.conv2d(x, weight, padding=layer.padding)
+
+
+@pytest.mark.parametrize("driver", ["one client", "vmapped (given mask)"])
+def test_mask_by_abs_gradient_is_the_reference_codes_sign_times_g(driver):
+    """mask_by_abs: the masks and the score gradients equal the reference's (straight through
+    |s|: sign(s) * g), for a 6x4 linear layer and a conv layer, on both drivers' paths: the
+    layer computing its own mask (one client at a time) and the mask handed in by the vmapped
+    driver (`given_mask`, computed by `top_k_masks`)."""
+    from raysim.models.supermask import top_k_masks
+
+    torch.manual_seed(0)
+    layers = [
+        (SupermaskLinear(6, 4, k=0.5, mask_by_abs=True), torch.randn(5, 6)),
+        (SupermaskConv2d(2, 3, 3, padding=1, k=0.3, mask_by_abs=True), torch.randn(2, 2, 5, 5)),
+    ]
+    for layer, x in layers:
+        with torch.no_grad():
+            layer.weight.normal_()
+            layer.scores.normal_()  # symmetric around 0: about half the scores negative
+        assert (layer.scores < 0).any() and (layer.scores > 0).any()
+        if driver != "one client":
+            layer.given_mask = top_k_masks(layer.scores.detach()[None], layer.k, True)[0]
+        target = torch.randn_like(layer(x))
+        (layer(x) * target).sum().backward()
+
+        scores = layer.scores.detach().clone().requires_grad_()
+        (_reference_output(layer, x, scores) * target).sum().backward()
+        expected_mask = _ReferenceSubnet.apply(scores.detach().abs(), layer.k)
+        assert torch.equal(layer.mask().detach(), expected_mask)
+        assert torch.equal(layer.scores.grad, scores.grad)
+        # the signed rule's gradient (the mask's) differs exactly by sign(s)
+        negative = layer.scores.detach() < 0
+        assert scores.grad[negative].abs().sum() > 0
+        mask_grad = scores.grad * torch.sign(scores.detach())
+        assert not torch.equal(layer.scores.grad, mask_grad)
+        layer.given_mask = None
 
 
 @pytest.mark.parametrize("k", [0.1, 0.25, 0.5, 0.7, 0.9, 1.0])

@@ -12,7 +12,10 @@ the aggregation rule and the round's facts (e.g. how many of its clients were sa
 
 `honest[:info.num_malicious]` are the sampled malicious clients' own updates (client-id order);
 any further entries come from the attacker's pool (`attack.pool_size` more malicious clients
-trained only to inform the attack, as FRL's code does with 25). `craft` returns exactly
+trained only to inform the attack, as FRL's code does with 25). An attack that averages what
+benign clients send (frl_reversal, agr_tailored) reads `honest[info.benign_start:]`: all of it
+under `attack.benign_set: sampled_and_pool`; under `pool`, the pool's whole draw (its members
+sampled this round included), after the own updates. `craft` returns exactly
 `info.num_malicious` updates, which are aggregated in place of the sampled ones.
 
 Built in (`attack.name`), each in its own module citing its source:

@@ -22,9 +22,11 @@ malicious clients have the lowest ids):
   gamma of maximal deviation.
 - Multi-Krum: every copy is among the updates Multi-Krum selects.
 The simulated AGR uses the server's parameters (beta, or f and m; beta and f default to the
-number of malicious clients, as the server's do). The attacker's benign set is its sampled
-clients' honest updates plus those of `attack.pool_size` more malicious clients it trains each
-round (FRL's code: 25; set it in the config); where the set is still too small for a
+number of malicious clients, as the server's do). The attacker's benign set is, by
+`attack.benign_set`, its sampled clients' honest updates plus those of `attack.pool_size` more
+malicious clients it trains each round (`sampled_and_pool`, the default), or the honest updates
+of a pool of `attack.pool_size` malicious clients drawn each round alone (`pool`: the FRL
+reference code, `FL_train.py`, with 25); where the set is still too small for a
 parameter, it takes the largest the set admits (2 * beta < n; f <= n - 3). With a single
 benign update the direction is 0 and the attacker sends that update unchanged.
 """
@@ -150,6 +152,7 @@ class AGRTailored:
 
     def craft(self, honest, info, aggregator, algorithm, ctx) -> list[np.ndarray]:
         copies = info.num_malicious  # one per malicious client of the round
+        honest = honest[info.benign_start :]  # attack.benign_set (raysim.core.state.RoundInfo)
         if isinstance(aggregator, TrimmedMean):
             malicious, _ = attack_trimmed_mean(
                 honest, copies, aggregator.resolve_beta(info), self.gamma_init, self.tolerance

@@ -45,5 +45,6 @@ class FRLReversal:
                 f"attack 'frl_reversal' reverses FRL rankings; algorithm "
                 f"'{ctx.config.algorithm.name}' has no per-layer rankings (use algorithm: frl)"
             )
-        crafted = reversed_positions(honest, layer_sizes(ctx)).astype(honest[0].dtype)
+        benign = honest[info.benign_start :]  # attack.benign_set (raysim.core.state.RoundInfo)
+        crafted = reversed_positions(benign, layer_sizes(ctx)).astype(honest[0].dtype)
         return [crafted.copy() for _ in range(info.num_malicious)]

@@ -118,6 +118,9 @@ class PluginConfig:
         """Nothing beyond the name and options' types, checked when the section is built."""
 
 
+BENIGN_SETS = ("sampled_and_pool", "pool")
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttackConfig:
     """Malicious clients: the lowest `fraction * num_clients` ids run attack `name`."""
@@ -128,12 +131,33 @@ class AttackConfig:
     # malicious clients the attacker also trains each round (never sent) to estimate benign
     # updates; FRL's code uses 25. 0: only the round's sampled malicious clients.
     pool_size: int = 0
+    # Whose honest updates a pool-informed attack (frl_reversal, agr_tailored) averages:
+    # `sampled_and_pool`: the round's sampled malicious clients and the pool; `pool`: the
+    # pool's draw only (its members sampled this round included), as the FRL reference code
+    # (FL_train.py averages the rand_mal_clients pool alone). Attacks that change their own
+    # update (naive_scaling, sign_flip) read only their own.
+    benign_set: str = "sampled_and_pool"
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def check(self, source: str, resolve: bool = True) -> None:
         """Whether an honest majority can be drawn: raysim.config.cross_checks."""
         require(source, 0 <= self.fraction < 1, "attack.fraction", "in [0, 1)", self.fraction)
         require(source, self.pool_size >= 0, "attack.pool_size", ">= 0", self.pool_size)
+        require(
+            source,
+            self.benign_set in BENIGN_SETS,
+            "attack.benign_set",
+            " or ".join(repr(name) for name in BENIGN_SETS),
+            self.benign_set,
+        )
+        if self.benign_set == "pool" and self.name != "none":
+            require(
+                source,
+                self.pool_size > 0,
+                "attack.pool_size",
+                "> 0 with attack.benign_set 'pool' (the pool is the attacker's only benign set)",
+                self.pool_size,
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -76,6 +76,7 @@ class Collusion:
         self.pool = set(info.attacker_pool.tolist())
         self.malicious: list[Contribution] = []  # the sampled malicious clients' own updates
         self.knowledge: list[np.ndarray] = []  # the pool's decoded updates
+        self.knowledge_ids: list[int] = []
         self.malicious_rejected = 0  # sampled malicious clients rejected or dropped
         self.pool_dropped = 0
 
@@ -86,9 +87,27 @@ class Collusion:
             and bool(self.malicious)
         )
 
-    def honest_updates(self) -> list[np.ndarray]:
-        """What the attacker knows: the benign updates of its sampled clients and its pool."""
-        return [c.update for c in self.malicious] + self.knowledge
+    def learn(self, client_id: int, update: np.ndarray) -> None:
+        """The honest update of a pool client (trained, never sent)."""
+        self.knowledge.append(update)
+        self.knowledge_ids.append(int(client_id))
+
+    def honest_updates(self) -> tuple[list[np.ndarray], int]:
+        """What the attacker knows, and where its benign set starts in it: its sampled
+        clients' own updates (client-id order), then (`sampled_and_pool`, start 0) its pool's,
+        or (`pool`, start = the own updates' count) every member of the pool's draw in id
+        order, its sampled members' own updates included. A pool that sent nothing (every
+        member dropped or rejected) leaves the own updates as the benign set (start 0)."""
+        own = [c.update for c in self.malicious]
+        members = self.info.attacker_benign
+        if members is None:
+            return own + self.knowledge, 0
+        known = dict(zip(self.knowledge_ids, self.knowledge, strict=True))
+        known.update((c.client_id, c.update) for c in self.malicious)
+        benign = [known[c] for c in members.tolist() if c in known]
+        if not benign:
+            return own, 0
+        return own + benign, len(own)
 
     def clear(self) -> None:
-        self.malicious, self.knowledge = [], []
+        self.malicious, self.knowledge, self.knowledge_ids = [], [], []

@@ -221,7 +221,7 @@ class Server:
     def _add_one(self, update: WireUpdate) -> None:
         stats, info, fold, collusion = self._stats, self._info, self._fold, self._collusion
         if update.client_id in collusion.pool:  # the attacker's own training, not sent
-            collusion.knowledge.append(self.codec.decode(update.message, self.layout))
+            collusion.learn(update.client_id, self.codec.decode(update.message, self.layout))
             self._maybe_fold_crafted()
             return
         # Checked before anything of it is counted or folded (raysim.core.validation):
@@ -382,7 +382,8 @@ class Server:
         info, collusion = self._info, self._collusion
         if not collusion.ready():
             return
-        honest = collusion.honest_updates()
+        honest, benign_start = collusion.honest_updates()
+        info = dataclasses.replace(info, benign_start=benign_start)
         base_name = self.hooks.update_delta_of
         if base_name is not None:
             base = self.state.arrays[base_name].view()

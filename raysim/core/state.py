@@ -187,6 +187,13 @@ class RoundInfo:
     # learn what benign updates look like (FRL's code: 25 a round). Their updates reach only
     # the attack's `craft`: never the aggregate, the byte counts or the client counts.
     attacker_pool: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # `attack.benign_set: pool`: the clients whose honest updates alone make the attacker's
+    # benign set (the pool's whole draw, its members sampled this round included; ascending).
+    # None (`sampled_and_pool`): the sampled malicious clients and `attacker_pool`.
+    attacker_benign: np.ndarray | None = None
+    # Set only on the copy handed to `craft`: `honest[benign_start:]` is the attacker's benign
+    # set (0: all of `honest`; with `attacker_benign`, the count of its own updates before it).
+    benign_start: int = field(default=0, compare=False)
     # What an attack's `craft` sees beside the updates: the state array the round's updates
     # are deltas of (the global model the clients received; `update_delta_of`), read-only.
     # Set only on the copy handed to `craft` (None elsewhere, so it never travels to tasks).

@@ -4,7 +4,10 @@ A supermask layer never trains its weights. It keeps the weights `w` fixed (a bu
 learns a score `s` per edge (a parameter); the forward pass uses `w * m`, where `m` = 1 for the
 top-k fraction of the layer's edges by score and 0 otherwise (edge-popup, Ramanujan et al.
 2020; used by FRL, Mozaffari et al. 2023). The mask is a step function, so its gradient is
-passed straight through: d loss / d s = d loss / d m.
+passed straight through: d loss / d s = d loss / d m. With `mask_by_abs` the top-k is taken by
+|s| and the gradient goes straight through the mask and then through `abs`, as in the FRL
+reference code (`models/modules.py`: `GetSubnet.apply(self.scores.abs(), k)`, whose backward
+returns g unchanged): d loss / d s = sign(s) * d loss / d m.
 
 Everything random (weights and initial scores) comes from ONE integer seed through an explicit
 torch.Generator, drawn layer by layer in `supermask_layers` order (weights, then scores), so any
@@ -29,7 +32,7 @@ from torch.nn import functional
 from raysim.errors import ConfigError
 from raysim.models.classic import layer_widths
 
-WEIGHT_INITS = ("signed_kaiming_constant", "kaiming_normal", "kaiming_uniform")
+WEIGHT_INITS = ("signed_kaiming_constant", "kaiming_normal", "kaiming_uniform", "torch_default")
 
 _CONV_WIDTHS = {
     "conv2": (64, 64),
@@ -147,15 +150,16 @@ def top_k_masks(scores: torch.Tensor, k: float, mask_by_abs: bool = False) -> to
 
 
 class _StraightThroughMask(torch.autograd.Function):
-    """Forward: the top-k mask of the scores. Backward: the identity (straight-through)."""
+    """Forward: the top-k mask of the key (the scores, or |scores|). Backward: the identity
+    (straight-through) to the key."""
 
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, k: float, mask_by_abs: bool, hint) -> torch.Tensor:
-        return top_k_mask(scores, k, mask_by_abs, hint)
+    def forward(ctx, key: torch.Tensor, k: float, hint) -> torch.Tensor:
+        return top_k_mask(key, k, False, hint)
 
     @staticmethod
     def backward(ctx, grad_mask: torch.Tensor):
-        return grad_mask, None, None, None
+        return grad_mask, None, None
 
 
 class _SupermaskLayer(nn.Module):
@@ -180,14 +184,16 @@ class _SupermaskLayer(nn.Module):
         return int(math.prod(self.weight.shape[1:]))
 
     def mask(self) -> torch.Tensor:
-        """The current top-k mask; gradients reach the scores straight through it."""
+        """The current top-k mask; gradients reach the key (the scores, or |scores| with
+        `mask_by_abs`) straight through it, and the scores through the key."""
+        # With mask_by_abs the key is |s|, so autograd multiplies the passed-through gradient
+        # by sign(s): the reference code's GetSubnet.apply(scores.abs(), k).
+        key = self.scores.abs() if self.mask_by_abs else self.scores
         if self.given_mask is not None:
-            # the same values and the same gradient: scores - scores.detach() is exactly 0 and
-            # passes the gradient through unchanged
-            return self.given_mask + (self.scores - self.scores.detach())
-        return _StraightThroughMask.apply(
-            self.scores, self.k, self.mask_by_abs, self.threshold_hint
-        )
+            # the same values and the same gradient: key - key.detach() is exactly 0 and
+            # passes the gradient through to the key unchanged
+            return self.given_mask + (key - key.detach())
+        return _StraightThroughMask.apply(key, self.k, self.threshold_hint)
 
     def masked_weight(self) -> torch.Tensor:
         return self.weight * self.mask()
@@ -243,6 +249,11 @@ def _init_layer(layer: _SupermaskLayer, weight_init: str, generator: torch.Gener
     elif weight_init == "kaiming_uniform":
         bound = math.sqrt(6.0 / fan_in)
         weight = (torch.rand(shape, generator=generator) * 2 - 1) * bound
+    elif weight_init == "torch_default":
+        # torch's default for conv and linear weights, kaiming_uniform_(a=sqrt(5)):
+        # U(-1/sqrt(fan_in), 1/sqrt(fan_in)); the FRL reference code's `conv_init=default`
+        # (args.py, models/init.py `default`), which its experiments never change.
+        weight = (torch.rand(shape, generator=generator) * 2 - 1) / math.sqrt(fan_in)
     else:
         raise ConfigError(
             f"unknown 'algorithm.weight_init' {weight_init!r}; choices: {', '.join(WEIGHT_INITS)}"

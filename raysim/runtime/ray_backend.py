@@ -94,6 +94,11 @@ class RoundsAhead:
             ran.round_index == info.round_index
             and np.array_equal(ran.client_ids, info.client_ids)
             and np.array_equal(ran.attacker_pool, info.attacker_pool)
+            and (ran.attacker_benign is None) == (info.attacker_benign is None)
+            and (
+                info.attacker_benign is None
+                or np.array_equal(ran.attacker_benign, info.attacker_benign)
+            )
             and ran.malicious_below == info.malicious_below
             and self.evaluates[info.round_index - self.first] == evaluate
         )

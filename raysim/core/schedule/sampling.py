@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from raysim.core.state import RoundInfo
-from raysim.seeds import attacker_pool, sample_clients
+from raysim.seeds import attacker_pool_draw, sample_clients
 
 
 def malicious_below(config: Any, num_clients: int) -> int:
@@ -37,8 +37,10 @@ def info_of(config: Any, num_clients: int, round_index: int, client_ids: np.ndar
     """The RoundInfo of a round training `client_ids` (every schedule's): the malicious ids
     below `malicious_below` and, when the round holds one, the colluding attacker's pool."""
     below = malicious_below(config, num_clients)
-    pool = np.zeros(0, dtype=np.int64)
+    pool, benign = np.zeros(0, dtype=np.int64), None
     if below and np.searchsorted(client_ids, below):
-        size = config.attack.pool_size
-        pool = attacker_pool(config.run.seed, round_index, below, size, client_ids)
-    return RoundInfo(round_index, client_ids, below, pool)
+        draw = attacker_pool_draw(config.run.seed, round_index, below, config.attack.pool_size)
+        pool = np.setdiff1d(draw, client_ids)  # the sampled members train anyway
+        if config.attack.benign_set == "pool":
+            benign = draw
+    return RoundInfo(round_index, client_ids, below, pool, benign)
