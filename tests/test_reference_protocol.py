@@ -144,6 +144,56 @@ def test_reference_supermask_lenet_is_padded():
     assert net(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
 
 
+def test_torch_default_supermask_weights_are_kaiming_uniform_with_a_sqrt5():
+    """The FRL reference code's `conv_init=default`: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), the
+    bound torch's kaiming_uniform_(a=sqrt(5)) gives, drawn from the seed alone."""
+    from raysim.models.supermask import build_supernet, supermask_layers
+
+    net = build_supernet("lenet", (1, 28, 28), 10, 3, padding=1, weight_init="torch_default")
+    again = build_supernet("lenet", (1, 28, 28), 10, 3, padding=1, weight_init="torch_default")
+    for layer, twin in zip(supermask_layers(net), supermask_layers(again), strict=True):
+        bound = 1 / math.sqrt(layer.fan_in)
+        reference = torch.empty_like(layer.weight)
+        torch.nn.init.kaiming_uniform_(reference, a=math.sqrt(5))
+        assert math.isclose(float(reference.abs().max()), bound, rel_tol=0.05)
+        assert float(layer.weight.abs().max()) <= bound * (1 + 1e-6)  # float32 rounding
+        assert float(layer.weight.abs().max()) > 0.95 * bound  # fills the interval
+        assert len(torch.unique(layer.weight.abs())) > 100  # not a signed constant
+        assert torch.equal(layer.weight, twin.weight)
+
+
+def test_an_frl_run_under_the_reference_rules_attacks_with_the_pool_alone(tmp_path):
+    """FRL with the reference's |score| mask, torch-default weights and the pool-only benign
+    set runs, and the benign set changes what the attack sends (so the run differs from the
+    sampled-and-pool one from the first attacked round)."""
+    from raysim.assembly import run
+
+    def go(benign_set: str):
+        cfg = config.load(
+            CONFIGS / "frl_digits.yaml",
+            [
+                "runtime.backend=local",
+                "run.rounds=3",
+                "run.checkpoint_every=0",
+                "model.hidden=[32]",
+                "algorithm.mask_by_abs=true",
+                "algorithm.weight_init=torch_default",
+                "attack.name=frl_reversal",
+                "attack.fraction=0.2",
+                "attack.pool_size=5",
+                f"attack.benign_set={benign_set}",
+            ],
+        )
+        return run(cfg, tmp_path / benign_set, progress=False, tensorboard=False)
+
+    pool, both = go("pool"), go("sampled_and_pool")
+    assert pool.summary["clients_done"] == both.summary["clients_done"]
+    rankings = [name for name in pool.state.arrays if name.startswith("ranking.")]
+    assert rankings and any(
+        not np.array_equal(pool.state.arrays[n], both.state.arrays[n]) for n in rankings
+    )
+
+
 def test_best_so_far_takes_the_highest_quality_and_the_lowest_loss_earliest_on_ties():
     best = BestSoFar()
     best.add(1, {"accuracy": 0.5, "loss": 2.0})
