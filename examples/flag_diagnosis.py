@@ -16,6 +16,11 @@ aggregates: FLAG's label weights w_flag (alpha 0.270), FedAvg's sample weights w
 1/K, their total-variation distances TV(a, b) = 0.5 * sum_c |a_c - b_c|, and how far the two
 weightings move the round's update: ||sum_c (w_flag,c - w_n,c) u_c|| / ||sum_c w_n,c u_c||.
 
+`--occurrence` picks how FLAG reads its label occurrence O_c (`algorithm.occurrence`, see
+`raysim.algorithms.flag.label_weights`): `count` (default, positive labels: the runs before
+the option, bit for bit) or `per_sample` (positive labels per sample of the client); the
+recorded w_flag uses the same reading in the FedAvg runs too.
+
 Prints the table (mean ± std over seeds, ddof 1) and writes OUT/diagnosis.json,
 OUT/diagnosis.md and OUT/diagnosis.png (the curves, the seeds' spread shaded). `--small` runs
 2 rounds of one seed and checks that the recording aggregator changes nothing (final metrics
@@ -33,7 +38,12 @@ import numpy as np
 
 from raysim import config as config_module
 from raysim import registry
-from raysim.algorithms.flag import LabelWeightedMean, label_weights
+from raysim.algorithms.flag import (
+    OCCURRENCES,
+    LabelWeightedMean,
+    client_occurrence,
+    label_weights,
+)
 from raysim.assembly import run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,13 +53,23 @@ METHODS = {
     "flag": ["algorithm.name=flag", f"algorithm.alpha={ALPHA}"],
     "fedavg": ["algorithm={name: multilabel_fedavg, weighting: samples}"],
 }
+
+
+def method_overrides(method: str, occurrence: str) -> list[str]:
+    """METHODS[method], with FLAG's occurrence reading when it is not the default."""
+    if method == "flag" and occurrence != "count":
+        return [*METHODS[method], f"algorithm.occurrence={occurrence}"]
+    return METHODS[method]
+
+
 SPLITS = ("kmodes", "random")
 METRICS = ("gmap", "amap", "wmap", "map")
 
 
 class DiagnosticLabelWeightedMean(LabelWeightedMean):
     """LabelWeightedMean that records, per round, the weights FLAG and FedAvg would give the
-    same contributions. Aggregates exactly as its parent (the parent's own method)."""
+    same contributions (FLAG's under this aggregator's `occurrence` reading). Aggregates
+    exactly as its parent (the parent's own method)."""
 
     records: list[dict] = []  # the local backend aggregates in this process
 
@@ -57,7 +77,9 @@ class DiagnosticLabelWeightedMean(LabelWeightedMean):
         wideness = np.array([c.stats["label_wideness"] for c in contributions])
         occurrence = np.array([c.stats["positive_labels"] for c in contributions])
         samples = np.array([c.num_samples for c in contributions], dtype=np.float64)
-        w_flag = label_weights(wideness, occurrence, ALPHA)
+        w_flag = label_weights(
+            wideness, client_occurrence(occurrence, samples, self.occurrence), ALPHA
+        )
         w_n = samples / samples.sum()
         w_u = np.full(len(samples), 1.0 / len(samples))
         updates = np.stack([c.update.astype(np.float64) for c in contributions])
@@ -83,13 +105,19 @@ class DiagnosticLabelWeightedMean(LabelWeightedMean):
 registry.aggregators.register("diag_label_weighted", DiagnosticLabelWeightedMean)
 
 
-def load(method: str, split: str, seed: int, rounds: int, diagnostic: bool = True):
+def load(
+    method: str,
+    split: str,
+    seed: int,
+    rounds: int,
+    diagnostic: bool = True,
+    occurrence: str = "count",
+):
     weighting = "flag" if method == "flag" else "samples"
-    aggregator = (
-        [f"aggregator={{name: diag_label_weighted, weighting: {weighting}, alpha: {ALPHA}}}"]
-        if diagnostic
-        else []
-    )
+    options = f"weighting: {weighting}, alpha: {ALPHA}"
+    if occurrence != "count":
+        options += f", occurrence: {occurrence}"
+    aggregator = [f"aggregator={{name: diag_label_weighted, {options}}}"] if diagnostic else []
     return config_module.load(
         REPO / "configs" / "flag_flag.yaml",
         [
@@ -101,17 +129,23 @@ def load(method: str, split: str, seed: int, rounds: int, diagnostic: bool = Tru
             f"run.rounds={rounds}",
             f"clients.lr={LR}",
             f"partition.name={split}",
-            *METHODS[method],
+            *method_overrides(method, occurrence),
             *aggregator,
         ],
     )
 
 
-def one_run(out: Path, method: str, split: str, seed: int, rounds: int) -> dict:
+def one_run(
+    out: Path, method: str, split: str, seed: int, rounds: int, occurrence: str = "count"
+) -> dict:
     DiagnosticLabelWeightedMean.records = []
     folder = out / "runs" / f"{method}_{split}_seed{seed}"
     result = run(
-        load(method, split, seed, rounds), folder, progress=False, tensorboard=False, overwrite=True
+        load(method, split, seed, rounds, occurrence=occurrence),
+        folder,
+        progress=False,
+        tensorboard=False,
+        overwrite=True,
     )
     records = DiagnosticLabelWeightedMean.records
     if len(records) != rounds:
@@ -224,6 +258,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run seeds")
     parser.add_argument("--rounds", type=int, default=20, help="rounds per run")
     parser.add_argument(
+        "--occurrence",
+        choices=OCCURRENCES,
+        default="count",
+        help="FLAG's label occurrence (algorithm.occurrence): count = positive labels, "
+        "per_sample = positive labels per sample of the client",
+    )
+    parser.add_argument(
         "--small",
         action="store_true",
         help="quick check: 2 rounds, seed 0, plus a run with aggregator auto that must give "
@@ -239,7 +280,7 @@ def main() -> None:
         for split in SPLITS:
             for method in METHODS:
                 t0 = time.perf_counter()
-                r = one_run(out, method, split, seed, args.rounds)
+                r = one_run(out, method, split, seed, args.rounds, args.occurrence)
                 results[split][method][seed] = r
                 print(
                     f"seed {seed} {split:<6} {method:<6} GmAP {r['gmap']:.4f} mAP {r['map']:.4f}"
@@ -250,7 +291,7 @@ def main() -> None:
     check = None
     if args.small:  # the recording aggregator must not change any number
         plain = run(
-            load("flag", "kmodes", 0, args.rounds, diagnostic=False),
+            load("flag", "kmodes", 0, args.rounds, diagnostic=False, occurrence=args.occurrence),
             out / "runs" / "flag_kmodes_seed0_auto",
             progress=False,
             tensorboard=False,
@@ -264,8 +305,9 @@ def main() -> None:
             raise SystemExit(f"the recording aggregator changed the results: {check}")
     text = (
         f"Rounds {args.rounds}, seeds {', '.join(map(str, args.seeds))}; clients.lr {LR}, FLAG "
-        f"alpha {ALPHA}; test metrics, mean ± std (ddof 1) over seeds; TV and 'update moved' "
-        "are means over rounds, then over seeds.\n\n" + table(results, args.seeds)
+        f"alpha {ALPHA}, FLAG occurrence {args.occurrence}; test metrics, mean ± std (ddof 1) "
+        "over seeds; TV and 'update moved' are means over rounds, then over seeds.\n\n"
+        + table(results, args.seeds)
     )
     print("\n" + text)
     wall = time.perf_counter() - started
@@ -276,6 +318,7 @@ def main() -> None:
         "rounds": args.rounds,
         "lr": LR,
         "alpha": ALPHA,
+        "occurrence": args.occurrence,
         "identity_check": check,
         "wall_s": wall,
         "results": {

@@ -8,7 +8,9 @@ delta together with its label statistics: the share of the labels present in its
 number of positive labels, declared beside the update (`ClientUpdate.stats`), not inside it.
 The aggregator (`label_weighted`, this module) combines the deltas with one weight per client:
 
-    FLAG     w_c = label_weights(D, O, alpha)_c   (see `label_weights`: a reconstruction)
+    FLAG     w_c = label_weights(D, O, alpha)_c   (see `label_weights`: a reconstruction;
+             O_c is the positive-label count, or with `occurrence: per_sample` that count
+             over the client's sample count n_c, which every update carries as num_samples)
     FedAvg   w_c = n_c / sum n                    (samples)
     uniform  w_c = 1 / K
 
@@ -44,6 +46,8 @@ from raysim.models.devices import server_device
 from raysim.models.vector import cached_model, set_vector
 
 WEIGHTINGS = ("flag", "samples", "uniform")
+# How FLAG's label occurrence O_c is read (see `label_weights` and `client_occurrence`).
+OCCURRENCES = ("count", "per_sample")
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("onecycle", "constant")
 CLIENT_MODEL_PREFIX = "client_model."
@@ -52,12 +56,21 @@ CLIENT_MODEL_PREFIX = "client_model."
 def label_weights(wideness: np.ndarray, occurrence: np.ndarray, alpha: float) -> np.ndarray:
     """FLAG's client weights from label statistics - a RECONSTRUCTION.
 
-    The paper's exact formula was not available; this is our reading of its description:
+    The paper's exact formula is not available in this repository (nor its PDF); this is our
+    reading of its description:
       wideness   D_c = |{l : count_c(l) > 0}| / L   (how many labels client c covers)
-      occurrence O_c = sum_l count_c(l)             (how many positive labels it holds)
+      occurrence O_c, one of two readings (`client_occurrence`, option `occurrence`):
+        count      O_c = sum_l count_c(l)           (how many positive labels it holds; the
+                   default, raysim's first reconstruction)
+        per_sample O_c = sum_l count_c(l) / N_i^c   (positive labels per sample of client c,
+                   N_i^c its sample count: the paper's wording as transcribed in the
+                   project's audit - "label occurrence" as the frequency of positive labels
+                   per sample, with N_c clients, N_l labels and N_i^c samples of client c in
+                   its formula; with equal client sizes it gives the same weights as count)
       w_c = (1 - alpha) * D_c / sum_k D_k + alpha * O_c / sum_k O_k
-    alpha in [0, 1] (0: wideness only; 1: occurrence only, close to FedAvg's sample weights).
-    The weights sum to 1. Swap this one function to try another reading.
+    alpha in [0, 1] (0: wideness only; 1: occurrence only - with `count` close to FedAvg's
+    sample weights, with `per_sample` close to uniform when clients have alike label
+    cardinalities). The weights sum to 1. Swap this one function to try another reading.
     """
     wideness = np.asarray(wideness, dtype=np.float64)
     occurrence = np.asarray(occurrence, dtype=np.float64)
@@ -66,6 +79,26 @@ def label_weights(wideness: np.ndarray, occurrence: np.ndarray, alpha: float) ->
     if wideness.sum() <= 0 or occurrence.sum() <= 0:
         raise ValueError("label weights need at least one client with a positive label")
     return (1.0 - alpha) * wideness / wideness.sum() + alpha * occurrence / occurrence.sum()
+
+
+def client_occurrence(
+    positive_labels: np.ndarray, num_samples: np.ndarray, occurrence: str = "count"
+) -> np.ndarray:
+    """FLAG's label occurrence O_c per client, float64, under one reading (`label_weights`):
+    `count` returns the positive-label counts as they are (the default: the same numbers as
+    before the option existed); `per_sample` divides them by the clients' sample counts
+    N_i^c (mean positive labels per sample; 0 for a client without samples)."""
+    positives = np.asarray(positive_labels, dtype=np.float64)
+    if occurrence == "count":
+        return positives
+    if occurrence != "per_sample":
+        raise ConfigError(
+            f"'occurrence' must be one of {', '.join(OCCURRENCES)}, got {occurrence!r}"
+        )
+    samples = np.asarray(num_samples, dtype=np.float64)
+    if samples.shape != positives.shape or (samples < 0).any():
+        raise ValueError(f"need one sample count >= 0 per client, got {samples.tolist()}")
+    return np.divide(positives, samples, out=np.zeros_like(positives), where=samples > 0)
 
 
 def label_statistics(y: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -91,15 +124,20 @@ class LabelWeightedMean:
     """Aggregator 'label_weighted': sum_c w_c * update_c with one weight per client from the
     round's declared statistics (`weighting`: flag = FLAG's label weights, samples = n_c / sum
     n, uniform = 1 / K), in client-id order, in float64. Non-linear: FLAG's weights are
-    normalised over the round, so the whole round is needed."""
+    normalised over the round, so the whole round is needed. `occurrence` (flag only): how
+    FLAG's label occurrence is read, `count` (positive labels) or `per_sample` (positive
+    labels over the client's num_samples; see `label_weights`)."""
 
     linear = False
 
-    def __init__(self, *, weighting: str = "flag", alpha: float = 0.3) -> None:
+    def __init__(
+        self, *, weighting: str = "flag", alpha: float = 0.3, occurrence: str = "count"
+    ) -> None:
         self.weighting = _check_choice("weighting", weighting, WEIGHTINGS)
         if not 0.0 <= alpha <= 1.0:
             raise ConfigError(f"'alpha' must be in [0, 1], got {alpha}")
         self.alpha = float(alpha)
+        self.occurrence = _check_choice("occurrence", occurrence, OCCURRENCES, "aggregator")
 
     def client_weights(self, contributions: Sequence[Contribution]) -> np.ndarray:
         """One weight per contribution (summing to 1)."""
@@ -112,7 +150,11 @@ class LabelWeightedMean:
                     f"algorithm such as flag)"
                 )
             wideness = np.array([c.stats["label_wideness"] for c in contributions])
-            occurrence = np.array([c.stats["positive_labels"] for c in contributions])
+            positives = np.array([c.stats["positive_labels"] for c in contributions])
+            if self.occurrence == "count":  # the default path, unchanged
+                return label_weights(wideness, positives, self.alpha)
+            samples = np.array([c.num_samples for c in contributions], dtype=np.float64)
+            occurrence = client_occurrence(positives, samples, self.occurrence)
             return label_weights(wideness, occurrence, self.alpha)
         num_samples = np.array([c.num_samples for c in contributions], dtype=np.float64)
         if self.weighting == "samples":
@@ -163,9 +205,9 @@ def evaluate_multilabel(
     return result
 
 
-def _check_choice(key: str, value: str, choices: Sequence[str]) -> str:
+def _check_choice(key: str, value: str, choices: Sequence[str], section: str = "algorithm") -> str:
     if value not in choices:
-        raise ConfigError(f"'algorithm.{key}' must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(f"'{section}.{key}' must be one of {', '.join(choices)}, got {value!r}")
     return value
 
 
@@ -296,12 +338,20 @@ class MultiLabelAveraging(DeltaAveraging):
 
 
 class FLAG(MultiLabelAveraging):
-    """FLAG: clients weighted by label wideness and occurrence (`label_weights`)."""
+    """FLAG: clients weighted by label wideness and occurrence (`label_weights`).
+
+    `occurrence`: how the label occurrence O_c is read - `count` (default: the client's
+    positive labels, raysim's first reconstruction, bit-identical to the runs before the
+    option) or `per_sample` (positive labels per sample, O_c = positives / N_i^c, the paper's
+    wording; N_i^c is the update's num_samples, which every client already sends). Neither
+    is checked against the paper's exact formula, which is not available in this repository.
+    An explicit `aggregator: label_weighted` uses its own options (alpha, occurrence)."""
 
     def __init__(
         self,
         *,
         alpha: float = 0.3,
+        occurrence: str = "count",
         loss: str = "asl",
         gamma_neg: float = 4.0,
         gamma_pos: float = 0.0,
@@ -319,6 +369,11 @@ class FLAG(MultiLabelAveraging):
             optimizer=optimizer,
             schedule=schedule,
         )
+        self.occurrence = _check_choice("occurrence", occurrence, OCCURRENCES)
+        if self.occurrence != "count":
+            self.default_aggregator = LabelWeightedMean(
+                weighting="flag", alpha=self.alpha, occurrence=self.occurrence
+            )
 
 
 class MultiLabelFedProx(MultiLabelAveraging):
