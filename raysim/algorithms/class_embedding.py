@@ -70,14 +70,16 @@ def direct_top_classes(embeddings: torch.Tensor, classes: torch.Tensor, k: int) 
 
 
 def evaluate_embeddings(method, state, x, y, ctx, device, top_classes, pairwise_cosine) -> dict:
-    """P@1/3/5 against all true labels (XML; y padded with -1) or accuracy (one label), on the
-    first `eval_max_points` test points, ranked by `top_classes(embeddings, W, 5)` on
-    `device`; plus `pairwise_cosine(W)`, the mean pairwise cosine of the class rows."""
+    """P@1/3/5 against all true labels (XML; y padded with -1) or accuracy (one label), on
+    every point of (x, y), or only the first `eval_max_points` when the method sets it,
+    ranked by `top_classes(embeddings, W, 5)` on `device`; plus `pairwise_cosine(W)`, the
+    mean pairwise cosine of the class rows."""
     model = cached_model(ctx, device)
     set_vector(model, state.arrays["params"])
     weights = state.arrays["class_embeddings"]
     classes = torch.from_numpy(weights).to(device)
-    count = min(len(x), method.eval_max_points)
+    limit = method.eval_max_points
+    count = len(x) if limit is None else min(len(x), limit)
     tops = []
     model.eval()
     with torch.no_grad():
@@ -126,14 +128,16 @@ class ClassEmbeddingMethod(DescribedClient):
 
     default_aggregator = "weighted_mean"  # unused: these methods reduce their own updates
 
-    def __init__(self, *, class_lr: float | None, eval_max_points: int) -> None:
+    def __init__(self, *, class_lr: float | None, eval_max_points: int | None) -> None:
+        """`eval_max_points`: evaluate (test and validation) on the first this many points
+        only; None evaluates every point."""
         if class_lr is not None and not 0 < class_lr <= MAX_LEARNING_RATE:
             # torch takes it as a float32: 1e308 would crash the first client's step
             raise ConfigError(f"'algorithm.class_lr' must be in (0, 1e4], got {class_lr}")
-        if eval_max_points < 1:
+        if eval_max_points is not None and eval_max_points < 1:
             raise ConfigError(f"'algorithm.eval_max_points' must be >= 1, got {eval_max_points}")
         self.class_lr = class_lr
-        self.eval_max_points = int(eval_max_points)
+        self.eval_max_points = None if eval_max_points is None else int(eval_max_points)
 
     # --- shared setup ---------------------------------------------------------------------------
     def _check_model(self, ctx: RunContext, model: nn.Module) -> int:

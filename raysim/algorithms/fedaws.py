@@ -68,7 +68,8 @@ def positive_loss(embeddings: torch.Tensor, row: torch.Tensor, margin: float) ->
 
 
 class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
-    """FedAwS (and its Baseline-1 / Baseline-2 via options); see the module docstring."""
+    """FedAwS (and its Baseline-1 / Baseline-2 via options); see the module docstring.
+    Evaluation covers every test (and validation) point unless `eval_max_points` caps it."""
 
     def __init__(
         self,
@@ -82,7 +83,7 @@ class FedAwS(InPlaceServerUpdate, ClassEmbeddingMethod):
         positive_margin: float = 0.9,
         train_class_embeddings: bool = True,
         class_lr: float | None = None,
-        eval_max_points: int = 5000,
+        eval_max_points: int | None = None,  # None: every test point (an int: the first N)
     ) -> None:
         super().__init__(class_lr=class_lr, eval_max_points=eval_max_points)
         if spreadout not in SPREADOUT_MODES:

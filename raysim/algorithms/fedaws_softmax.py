@@ -32,10 +32,15 @@ MAX_SCALE = 1e4
 class FedAwSSoftmax(ClassEmbeddingMethod):
     """The Softmax oracle: every client gets theta AND all of W and minimises the full softmax
     cross-entropy over all classes (logits = scale * g(x)^T w_c, unit vectors); theta and W are
-    both averaged (FedAvg). Not possible in the real one-class setting, which is the point."""
+    both averaged (FedAvg). Not possible in the real one-class setting, which is the point.
+    Evaluation covers every test (and validation) point unless `eval_max_points` caps it."""
 
     def __init__(
-        self, *, scale: float = 16.0, class_lr: float | None = None, eval_max_points: int = 5000
+        self,
+        *,
+        scale: float = 16.0,
+        class_lr: float | None = None,
+        eval_max_points: int | None = None,  # None: every test point (an int: the first N)
     ) -> None:
         super().__init__(class_lr=class_lr, eval_max_points=eval_max_points)
         if not (scale > 0 and math.isfinite(scale)):
