@@ -28,9 +28,8 @@ own k-modes split and of a random split), the number the paper reports for its C
 Prints a progress line per run, and writes OUT/headroom.md (tables, mean ± std over seeds,
 ddof 1; the final metrics' ratio to FedAvg's, paired by seed), OUT/headroom.json (every
 number, the per-round curves) and OUT/headroom.png (test mAP and GmAP by round, mean over
-seeds, min-max shaded, the centralized curve, its final value and 80% of it). The runs'
-folders are OUT/runs/<method>_seed<seed>. `--report-only` rewrites the tables and the figure
-from OUT/headroom.json without running anything.
+seeds, min-max shaded, the centralized curve, its final value and 80% of it); runs in
+OUT/runs/<method>_seed<seed>. `--report-only` rewrites tables and figure from headroom.json.
 """
 
 from __future__ import annotations
@@ -415,16 +414,9 @@ def main() -> None:
     )
     parser.add_argument("--out", default="runs/flag_headroom", help="output folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run seeds")
-    parser.add_argument(
-        "--rounds", type=int, default=20, help="rounds per run (centralized: epochs)"
-    )
-    parser.add_argument(
-        "--methods",
-        nargs="+",
-        default=list(METHODS),
-        choices=list(METHODS),
-        help="federated methods, space-separated",
-    )
+    parser.add_argument("--rounds", type=int, default=20, help="rounds (centralized: epochs)")
+    methods = list(METHODS)
+    parser.add_argument("--methods", nargs="+", default=methods, choices=methods, help="FL methods")
     parser.add_argument("--no-plot", action="store_true", help="skip OUT/headroom.png")
     parser.add_argument(
         "--report-only",
@@ -482,8 +474,7 @@ def main() -> None:
                 f"GmAP {row['rounds_gmap_80']} ({time.perf_counter() - t0:.0f} s)",
                 flush=True,
             )
-    wall = time.perf_counter() - started
-    results["wall_s"] = wall
+    results["wall_s"] = wall = time.perf_counter() - started
     text = header(results) + tables(results, args.seeds, args.rounds)
     print("\n" + text)
     out.mkdir(parents=True, exist_ok=True)

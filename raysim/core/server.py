@@ -383,12 +383,11 @@ class Server:
         if not collusion.ready():
             return
         honest, benign_start = collusion.honest_updates()
-        info = dataclasses.replace(info, benign_start=benign_start)
-        base_name = self.hooks.update_delta_of
+        base, base_name = None, self.hooks.update_delta_of
         if base_name is not None:
             base = self.state.arrays[base_name].view()
             base.flags.writeable = False  # the attack reads the model, never changes it
-            info = dataclasses.replace(info, delta_base=base)
+        info = dataclasses.replace(info, benign_start=benign_start, delta_base=base)
         crafted = self.attack.craft(honest, info, self.aggregator, self.algorithm, self.ctx)
         if len(crafted) != info.num_malicious:
             raise RuntimeError(
